@@ -1,0 +1,83 @@
+# The one command surface: CI calls these same targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed-stamp
+PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-trusted-host \
+	--no-emit-find-links --no-emit-options --allow-unsafe
+
+.PHONY: help setup run test test-unit test-integration test-e2e lint fmt typecheck proto \
+	proto-check migrations-check bench services-up requirements clean
+
+help:
+	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
+	@echo "make test    lint, type check, proto and migration checks, then every test"
+	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
+
+setup: $(STAMP)
+
+# Pins come from requirements/dev.txt; the project itself is installed editable without deps.
+$(STAMP): pyproject.toml requirements/dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+# Re-pin after changing dependency ranges in pyproject.toml.
+requirements: $(VENV)
+	$(BIN)/pip-compile $(PIP_COMPILE_FLAGS) -o requirements/runtime.txt pyproject.toml
+	$(BIN)/pip-compile $(PIP_COMPILE_FLAGS) --extra dev -o requirements/dev.txt pyproject.toml
+
+run: setup
+	$(BIN)/reach dev --demo
+
+test: setup lint proto-check migrations-check
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test-unit: setup
+	$(BIN)/pytest -q tests/unit
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+typecheck: setup
+	$(BIN)/mypy
+
+fmt: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+proto: setup
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto \
+		--grpc_python_out=proto proto/agent_reach/v1/executor.proto
+
+# Regenerates the stubs in a scratch folder and fails if the committed ones differ.
+proto-check: setup
+	@tmp=$$(mktemp -d) && \
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp \
+		--grpc_python_out=$$tmp proto/agent_reach/v1/executor.proto && \
+	for f in executor_pb2.py executor_pb2.pyi executor_pb2_grpc.py; do \
+		diff -u proto/agent_reach/v1/$$f $$tmp/agent_reach/v1/$$f || \
+		{ echo "proto stubs are stale: run 'make proto'"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "proto stubs are fresh"
+
+migrations-check: setup
+	$(PY) -m agent_reach_controller.db.check
+
+bench: setup
+	$(PY) -m tests.bench.run
+
+services-up:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -n1) main start
+	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 \
+		--port 6379 --save "" --appendonly no
+	@pg_isready -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 ping
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

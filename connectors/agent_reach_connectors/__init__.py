@@ -1,0 +1,11 @@
+"""Connectors: the plugins that turn a tool call into a real effect (HTTP, Python, ...)."""
+
+from agent_reach_connectors.base import (
+    Connector,
+    ConnectorError,
+    ToolCall,
+    load_connectors,
+    resolve_secrets,
+)
+
+__all__ = ["Connector", "ConnectorError", "ToolCall", "load_connectors", "resolve_secrets"]

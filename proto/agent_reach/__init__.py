@@ -1,0 +1,1 @@
+"""Agent-Reach contract package: states, transitions, error codes, ids and the wire protocol."""

@@ -1,0 +1,94 @@
+"""Error codes: what went wrong, whether trying again can help, and how each edge reports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    # Step outcomes (receipts).
+    TIMEOUT = "timeout"
+    DOWNSTREAM_UNAVAILABLE = "downstream_unavailable"
+    RATE_LIMITED = "rate_limited"
+    CONNECTION_ERROR = "connection_error"
+    DOWNSTREAM_REJECTED = "downstream_rejected"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    LEASE_LOST = "lease_lost"
+    CANCELLED = "cancelled"
+    DEPENDENCY_FAILED = "dependency_failed"
+    CONDITION_FALSE = "condition_false"
+    CONDITION_ERROR = "condition_error"
+    CONNECTOR_UNAVAILABLE = "connector_unavailable"
+    CONNECTOR_ERROR = "connector_error"
+    INTERNAL = "internal"
+    # API problems (submit-time).
+    INVALID_PLAN = "invalid_plan"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorKind:
+    retryable: bool
+    http_status: int
+    title: str
+
+
+ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
+    ErrorCode.TIMEOUT: ErrorKind(retryable=True, http_status=504, title="The call timed out"),
+    ErrorCode.DOWNSTREAM_UNAVAILABLE: ErrorKind(
+        retryable=True, http_status=502, title="The downstream service is unavailable"
+    ),
+    ErrorCode.RATE_LIMITED: ErrorKind(retryable=True, http_status=429, title="Rate limited"),
+    ErrorCode.CONNECTION_ERROR: ErrorKind(
+        retryable=True, http_status=502, title="Could not reach the downstream service"
+    ),
+    ErrorCode.DOWNSTREAM_REJECTED: ErrorKind(
+        retryable=False, http_status=422, title="The downstream service rejected the request"
+    ),
+    ErrorCode.INVALID_ARGUMENTS: ErrorKind(
+        retryable=False, http_status=422, title="The arguments are invalid"
+    ),
+    ErrorCode.UNAUTHORIZED: ErrorKind(retryable=False, http_status=403, title="Not authorised"),
+    ErrorCode.NOT_FOUND: ErrorKind(retryable=False, http_status=404, title="Not found"),
+    ErrorCode.LEASE_LOST: ErrorKind(
+        retryable=True, http_status=503, title="The executor running the step was lost"
+    ),
+    ErrorCode.CANCELLED: ErrorKind(retryable=False, http_status=409, title="Cancelled"),
+    ErrorCode.DEPENDENCY_FAILED: ErrorKind(
+        retryable=False, http_status=424, title="A step this one depends on did not succeed"
+    ),
+    ErrorCode.CONDITION_FALSE: ErrorKind(
+        retryable=False, http_status=200, title="The step's condition was false"
+    ),
+    ErrorCode.CONDITION_ERROR: ErrorKind(
+        retryable=False, http_status=422, title="The step's condition could not be evaluated"
+    ),
+    ErrorCode.CONNECTOR_UNAVAILABLE: ErrorKind(
+        retryable=True, http_status=503, title="No executor hosts this connector"
+    ),
+    ErrorCode.CONNECTOR_ERROR: ErrorKind(
+        retryable=False, http_status=500, title="The connector failed"
+    ),
+    ErrorCode.INTERNAL: ErrorKind(retryable=False, http_status=500, title="Internal error"),
+    ErrorCode.INVALID_PLAN: ErrorKind(retryable=False, http_status=422, title="Invalid plan"),
+    ErrorCode.IDEMPOTENCY_CONFLICT: ErrorKind(
+        retryable=False,
+        http_status=409,
+        title="This Idempotency-Key was used with a different request",
+    ),
+    ErrorCode.STORAGE_UNAVAILABLE: ErrorKind(
+        retryable=True, http_status=503, title="Storage is unavailable"
+    ),
+}
+
+
+def kind_of(code: str) -> ErrorKind:
+    """The classification of a code; unknown codes are treated as internal, non-retryable."""
+    try:
+        return ERROR_KINDS[ErrorCode(code)]
+    except ValueError:
+        return ERROR_KINDS[ErrorCode.INTERNAL]
