@@ -1,0 +1,1 @@
+"""The `reach` command: runs the processes and talks to a running controller."""

@@ -1,0 +1,59 @@
+"""`reach submit|status|tools`: thin HTTP calls to a running controller."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _url(args: argparse.Namespace) -> str:
+    url: str = args.url or os.environ.get("AGENT_REACH_URL") or DEFAULT_URL
+    return url.rstrip("/")
+
+
+def _print(response: httpx.Response) -> int:
+    try:
+        body: Any = response.json()
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+    except ValueError:
+        print(response.text)
+    return 0 if response.is_success else 1
+
+
+def _request(method: str, url: str, **kw: Any) -> httpx.Response | None:
+    try:
+        return httpx.request(method, url, timeout=kw.pop("timeout", 30.0), **kw)
+    except httpx.HTTPError as exc:
+        print(f"reach: cannot reach the controller at {url}: {exc}", file=sys.stderr)
+        return None
+
+
+def submit(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    headers = {"Content-Type": "application/json"}
+    if args.idempotency_key:
+        headers["Idempotency-Key"] = args.idempotency_key
+    params = {"wait": args.wait} if args.wait else None
+    response = _request(
+        "POST", f"{_url(args)}/v1/tasks", content=text, headers=headers, params=params,
+        timeout=30.0 + args.wait,
+    )
+    return 2 if response is None else _print(response)
+
+
+def status(args: argparse.Namespace) -> int:
+    response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}")
+    return 2 if response is None else _print(response)
+
+
+def tools(args: argparse.Namespace) -> int:
+    response = _request("GET", f"{_url(args)}/v1/tools", params={"format": args.format})
+    return 2 if response is None else _print(response)

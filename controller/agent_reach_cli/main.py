@@ -1,0 +1,90 @@
+"""`reach` subcommands; each flag also has an environment variable (see --help)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent_reach_cli import client_commands, process_commands
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
+    env = "AGENT_REACH_CONTROLLER_"
+    p.add_argument("--http", help=f"REST listener HOST:PORT (default 127.0.0.1:8080; {env}HTTP)")
+    p.add_argument("--grpc", help=f"gRPC listener HOST:PORT (default 127.0.0.1:50051; {env}GRPC)")
+    p.add_argument(
+        "--tools", action="append", metavar="FILE", help=f"tool YAML file, repeatable ({env}TOOLS)"
+    )
+    p.add_argument("--database-url", help=f"postgresql://… or sqlite:///… ({env}DATABASE_URL)")
+    p.add_argument("--redis-url", help=f"redis://… ({env}REDIS_URL)")
+    p.add_argument("--lease-seconds", type=float, help=f"step lease length ({env}LEASE_SECONDS)")
+    p.add_argument("--ready-file", help="write the bound addresses here as JSON once listening")
+    p.add_argument("--log-format", choices=["json", "text"], help=f"({env}LOG_FORMAT)")
+    if dev:
+        p.add_argument("--slots", type=int, default=8, help="in-process executor slots")
+        p.add_argument(
+            "--demo", action="store_true", help="start the demo weather service and run the demo"
+        )
+    else:
+        p.add_argument(
+            "--migrate", action="store_true", default=None, help="apply migrations at start"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reach", description="Agent-Reach: the execution layer for LLM agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    handlers: dict[str, Handler] = {}
+
+    def add(name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        handlers[name] = handler
+        return p
+
+    p = add("dev", process_commands.dev, "embedded stack: controller + executor on SQLite")
+    _add_controller_flags(p, dev=True)
+    p = add("controller", process_commands.controller, "run a controller (REST + gRPC)")
+    _add_controller_flags(p, dev=False)
+    p = add("executor", process_commands.executor, "run an executor that pulls steps over gRPC")
+    p.add_argument("--controller", help="controller gRPC HOST:PORT (AGENT_REACH_EXECUTOR_CONTROLLER)")
+    p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
+    p.add_argument("--connectors", help="comma-separated connector names (default: all installed)")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p = add("migrate", process_commands.migrate, "apply (or roll back) database migrations")
+    p.add_argument("--database-url", help="(AGENT_REACH_CONTROLLER_DATABASE_URL)")
+    p.add_argument("--revision", default="head", help="target revision (default head)")
+    p.add_argument("--downgrade", action="store_true", help="move down to --revision")
+
+    for name, handler, help_ in (
+        ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
+        ("status", client_commands.status, "show a task and its receipts"),
+        ("tools", client_commands.tools, "list the controller's tools"),
+    ):
+        p = add(name, handler, help_)
+        p.add_argument("--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)")
+        if name == "submit":
+            p.add_argument("file")
+            p.add_argument("--wait", type=float, default=0, help="seconds to wait for the end")
+            p.add_argument("--idempotency-key")
+        elif name == "status":
+            p.add_argument("task_id")
+        else:
+            p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args: Any = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

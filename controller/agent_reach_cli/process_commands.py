@@ -1,0 +1,130 @@
+"""`reach dev|controller|executor|migrate`: the long-running processes and migrations."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agent_reach.logs import configure_logging
+
+DEV_DATABASE = "sqlite:///.reach/dev.db"
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """Flags the user actually passed (unset ones fall through to env and defaults)."""
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _run(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Run `main` until it returns or SIGTERM/SIGINT sets its stop event."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(runner())
+    return 0
+
+
+def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
+    from agent_reach_controller.settings import ControllerSettings
+
+    values = _given(
+        args, "http", "grpc", "tools", "database_url", "redis_url", "lease_seconds",
+        "ready_file", "log_format", "migrate",
+    )
+    values.update(overrides)
+    return ControllerSettings(**values)
+
+
+def controller(args: argparse.Namespace) -> int:
+    from agent_reach_controller.server import serve
+
+    settings = _controller_settings(args)
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    return _run(lambda stop: serve(settings, stop=stop))
+
+
+def executor(args: argparse.Namespace) -> int:
+    from agent_reach_executor import ExecutorSettings, run_executor
+
+    values = _given(args, "controller", "slots")
+    if args.connectors:
+        values["connectors"] = [c.strip() for c in args.connectors.split(",") if c.strip()]
+    settings = ExecutorSettings(**values)
+    configure_logging(fmt=args.log_format)
+    return _run(lambda stop: run_executor(settings, stop=stop))
+
+
+def migrate(args: argparse.Namespace) -> int:
+    from agent_reach_controller.db import migrate as migrations
+    from agent_reach_controller.settings import ControllerSettings
+
+    configure_logging(fmt="text")
+    settings = ControllerSettings(**_given(args, "database_url"))
+    url = settings.database_url.get_secret_value()
+    _ensure_sqlite_dir(url)
+    if args.downgrade:
+        migrations.downgrade(url, args.revision)
+    else:
+        migrations.upgrade(url, args.revision)
+    return 0
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and ":memory:" not in url:
+        Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def dev(args: argparse.Namespace) -> int:
+    """Controller and executor in one process, SQLite storage, migrations applied."""
+    from agent_reach_cli import demo
+
+    overrides: dict[str, Any] = {"migrate": True, "log_format": args.log_format or "text"}
+    if not args.database_url and not os.environ.get("AGENT_REACH_CONTROLLER_DATABASE_URL"):
+        overrides["database_url"] = DEV_DATABASE
+    if args.demo:
+        overrides["tools"] = [*(args.tools or []), demo.TOOLS_FILE]
+    settings = _controller_settings(args, **overrides)
+    _ensure_sqlite_dir(settings.database_url.get_secret_value())
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    return _run(lambda stop: run_dev(settings, slots=args.slots, demo_mode=args.demo, stop=stop))
+
+
+async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.Event) -> None:
+    from agent_reach_cli import demo
+    from agent_reach_controller.server import running_controller
+    from agent_reach_executor import ExecutorSettings, run_executor
+
+    async with contextlib.AsyncExitStack() as stack:
+        if demo_mode:
+            stack.enter_context(demo.running_demo_service())
+        _, bound = await stack.enter_async_context(running_controller(settings))
+        executor_stop = asyncio.Event()
+        worker = asyncio.create_task(
+            run_executor(
+                ExecutorSettings(controller=bound.grpc, slots=slots, drain_grace=5.0),
+                stop=executor_stop,
+                install_signal_handlers=False,
+            ),
+            name="executor",
+        )
+        try:
+            if demo_mode:
+                await demo.run_demo(f"http://{bound.http}")
+            demo.print_quick_start(f"http://{bound.http}", demo_mode=demo_mode)
+            await stop.wait()
+        finally:
+            executor_stop.set()
+            await worker

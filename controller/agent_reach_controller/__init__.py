@@ -1,0 +1,1 @@
+"""Agent-Reach controller: validates intents, plans steps, owns every state transition."""

@@ -1,0 +1,1 @@
+"""The REST edge: FastAPI routes, problem+json errors, request and response shapes."""

@@ -1,0 +1,147 @@
+"""The FastAPI application: routes, health, tools, and the problem+json error mapping."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from agent_reach_controller.api.problems import pointer_from_loc, problem_response
+from agent_reach_controller.api.tasks import BadJsonError, BodyTooLargeError, components
+from agent_reach_controller.api.tasks import router as tasks_router
+from agent_reach_controller.planning.problems import PlanInvalidError
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.tasks import IdempotencyConflictError, TaskNotFoundError
+
+log = logging.getLogger(__name__)
+Deps = Annotated[Components, Depends(components)]
+RETRY_AFTER_S = "2"
+
+meta = APIRouter(tags=["meta"])
+
+
+@meta.get("/healthz", summary="Liveness: the process is up")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@meta.get("/readyz", summary="Readiness: storage answers", responses={503: {"model": dict}})
+async def readyz(deps: Deps) -> Response:
+    try:
+        await deps.db.ping()
+    except (OSError, DBAPIError):
+        return problem_response(
+            503,
+            code="storage_unavailable",
+            title="Storage is unavailable",
+            detail="the database did not answer",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
+    return JSONResponse({"status": "ready"})
+
+
+tools = APIRouter(prefix="/v1/tools", tags=["tools"])
+
+
+@tools.get("", summary="The tool catalogue, natively or as a model's tool list")
+async def list_tools(
+    deps: Deps,
+    format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",  # noqa: A002
+) -> Any:
+    if format == "openai":
+        return deps.catalog.to_openai()
+    if format == "anthropic":
+        return deps.catalog.to_anthropic()
+    return {
+        "tools": [
+            {"version": t.version, **t.model_dump(mode="json")}
+            for t in deps.catalog.values()
+            if t.enabled
+        ]
+    }
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(PlanInvalidError)
+    async def invalid_plan(_: Request, exc: PlanInvalidError) -> Response:
+        problems = exc.problems
+        return problem_response(
+            422,
+            code="invalid_plan",
+            title="Invalid plan",
+            detail=f"the plan has {len(problems)} problem(s); nothing was run",
+            errors=[{"pointer": p.pointer, "code": p.code, "detail": p.detail} for p in problems],
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
+        errors = [
+            {"pointer": pointer_from_loc(e["loc"]), "code": e["type"], "detail": e["msg"]}
+            for e in exc.errors()
+        ]
+        return problem_response(
+            422,
+            code="invalid_request",
+            title="Invalid request",
+            detail="; ".join(f"{e['pointer']}: {e['detail']}" for e in errors[:5]),
+            errors=errors,
+        )
+
+    @app.exception_handler(BadJsonError)
+    async def bad_json(_: Request, exc: BadJsonError) -> Response:
+        return problem_response(
+            400, code="invalid_json", title="The body is not valid JSON", detail=str(exc)
+        )
+
+    @app.exception_handler(BodyTooLargeError)
+    async def too_large(_: Request, exc: BodyTooLargeError) -> Response:
+        return problem_response(413, code="too_large", title="Request too large", detail=str(exc))
+
+    @app.exception_handler(TaskNotFoundError)
+    async def not_found(_: Request, exc: TaskNotFoundError) -> Response:
+        return problem_response(
+            404, code="not_found", title="No such task", detail=f"no task {exc.args[0]!r}"
+        )
+
+    @app.exception_handler(IdempotencyConflictError)
+    async def conflict(_: Request, exc: IdempotencyConflictError) -> Response:
+        return problem_response(
+            409,
+            code="idempotency_conflict",
+            title="This Idempotency-Key was used with a different request",
+            detail=str(exc),
+            task_id=exc.task_id,
+        )
+
+    async def storage_down(_: Request, exc: Exception) -> Response:
+        log.warning("storage unavailable: %s", type(exc).__name__, extra={"event": "storage_down"})
+        return problem_response(
+            503,
+            code="storage_unavailable",
+            title="Storage is unavailable",
+            detail="the database did not answer; retry after the delay given",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
+
+    app.add_exception_handler(OperationalError, storage_down)
+    app.add_exception_handler(InterfaceError, storage_down)
+    app.add_exception_handler(ConnectionError, storage_down)
+
+
+def create_app(components_: Components) -> FastAPI:
+    """The REST application over already-opened components."""
+    app = FastAPI(
+        title="Agent-Reach",
+        version="0.1.0",
+        summary="Model intents in; real, verified actions and honest receipts out.",
+    )
+    app.state.components = components_
+    app.include_router(meta)
+    app.include_router(tasks_router)
+    app.include_router(tools)
+    _install_error_handlers(app)
+    return app

@@ -1,0 +1,128 @@
+"""Request and response shapes, published in the OpenAPI document."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StepIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step_id: str = Field(description="Unique within the plan", examples=["weather"])
+    tool: str = Field(description="Tool name", examples=["weather.forecast"])
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments; a whole string `$<step_id>.output[.path]` is replaced by that "
+        "step's output",
+    )
+    depends_on: list[str] = Field(default_factory=list)
+    when: str | None = Field(None, description="CEL condition over `steps` and `context`")
+
+
+class PlanIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    goal: str | None = None
+    steps: list[StepIn]
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class FunctionCallIn(BaseModel):
+    name: str
+    arguments: str | dict[str, Any] = Field(description="JSON-encoded arguments")
+
+
+class ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ToolCallsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool_calls: list[ToolCallIn]
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskAccepted(BaseModel):
+    task_id: str
+    trace_id: str
+    status: str
+
+
+class StepOut(BaseModel):
+    step_id: str
+    tool: str
+    tool_version: str
+    status: str
+    attempt: int
+    max_attempts: int
+    depends_on: list[str]
+    when: str | None
+    args: dict[str, Any]
+    resolved_args: dict[str, Any] | None
+    idempotency_key: str
+    not_before: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    receipt: dict[str, Any] | None
+
+
+class ToolMessage(BaseModel):
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    content: str
+
+
+class TaskOut(BaseModel):
+    task_id: str
+    trace_id: str
+    status: str
+    goal: str | None
+    source: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    steps: list[StepOut]
+    tool_messages: list[ToolMessage] | None = Field(
+        None, description="For tool_calls submissions: one tool message per finished call"
+    )
+
+
+class TaskSummary(BaseModel):
+    task_id: str
+    trace_id: str
+    status: str
+    goal: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class TaskPage(BaseModel):
+    tasks: list[TaskSummary]
+    next_before: str | None = Field(None, description="Pass as `before` for the next page")
+
+
+class EventOut(BaseModel):
+    id: int
+    step_id: str | None
+    kind: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+class EventPage(BaseModel):
+    events: list[EventOut]
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    errors: list[dict[str, Any]] | None = None

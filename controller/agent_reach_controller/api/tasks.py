@@ -1,0 +1,180 @@
+"""Task routes: submit (plans or OpenAI tool calls), read, list, cancel, events."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from agent_reach.ids import parse_traceparent
+from agent_reach.states import TERMINAL_TASK_STATES
+from agent_reach_controller.api import schemas
+from agent_reach_controller.api.problems import problem_response
+from agent_reach_controller.api.views import task_out
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.tasks import SubmitInput
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+
+def components(request: Request) -> Components:
+    app_components: Components = request.app.state.components
+    return app_components
+
+
+Deps = Annotated[Components, Depends(components)]
+
+SUBMIT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/PlanIn"},
+                        {"$ref": "#/components/schemas/ToolCallsIn"},
+                    ]
+                }
+            }
+        },
+    }
+}
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"model": schemas.Problem, "content": {"application/problem+json": {}}}
+    for code in (400, 404, 409, 413, 422, 503)
+}
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    body = await request.body()
+    if len(body) > limit:
+        raise BodyTooLargeError(limit)
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadJsonError(str(exc)) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class BodyTooLargeError(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+        self.limit = limit
+
+
+class BadJsonError(Exception):
+    """The body is not JSON."""
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=schemas.TaskAccepted | schemas.TaskOut,
+    responses=PROBLEMS,
+    openapi_extra=SUBMIT_BODY,
+    summary="Submit a plan or a list of OpenAI tool calls",
+)
+async def submit_task(
+    request: Request,
+    deps: Deps,
+    wait: Annotated[float, Query(ge=0, le=3600, description="Seconds to wait for the end")] = 0,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    traceparent: Annotated[str | None, Header()] = None,
+) -> Response:
+    body = await _read_json(request, deps.settings.max_body_bytes)
+    plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
+    parent = parse_traceparent(traceparent)
+    view, _created = await deps.tasks.submit(
+        SubmitInput(
+            plan=plan,
+            request=body,
+            idempotency_key=idempotency_key,
+            trace_id=parent[0] if parent else None,
+            parent_span_id=parent[1] if parent else None,
+        )
+    )
+    headers = {"Location": f"/v1/tasks/{view.task.task_id}"}
+    if wait > 0:
+        view = await deps.tasks.wait(
+            view.task.task_id, timeout=min(wait, deps.settings.max_wait_seconds)
+        )
+        status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
+        out = task_out(view, budget=deps.settings.receipt_budget_chars)
+        return JSONResponse(out.model_dump(mode="json"), status_code=status, headers=headers)
+    accepted = schemas.TaskAccepted(
+        task_id=view.task.task_id, trace_id=view.task.trace_id, status=view.task.status
+    )
+    return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+@router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
+async def get_task(task_id: str, deps: Deps) -> schemas.TaskOut:
+    view = await deps.tasks.get(task_id)
+    return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.get("", response_model=schemas.TaskPage, responses=PROBLEMS)
+async def list_tasks(
+    deps: Deps,
+    status: Annotated[
+        str | None,
+        Query(pattern="^(pending|running|succeeded|failed|cancelled)$"),
+    ] = None,
+    before: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> schemas.TaskPage:
+    rows = await deps.tasks.list(status=status, before=before, limit=limit)
+    return schemas.TaskPage(
+        tasks=[
+            schemas.TaskSummary(
+                task_id=t.task_id,
+                trace_id=t.trace_id,
+                status=t.status,
+                goal=t.goal,
+                created_at=t.created_at,
+                finished_at=t.finished_at,
+            )
+            for t in rows
+        ],
+        next_before=rows[-1].task_id if len(rows) == limit else None,
+    )
+
+
+@router.post("/{task_id}/cancel", response_model=schemas.TaskOut, responses=PROBLEMS)
+async def cancel_task(task_id: str, deps: Deps) -> schemas.TaskOut:
+    view = await deps.tasks.cancel(task_id)
+    return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.get("/{task_id}/events", response_model=schemas.EventPage, responses=PROBLEMS)
+async def task_events(
+    task_id: str,
+    deps: Deps,
+    after: Annotated[int, Query(ge=0, description="Return events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> schemas.EventPage:
+    rows = await deps.tasks.events(task_id, after=after, limit=limit)
+    return schemas.EventPage(
+        events=[
+            schemas.EventOut(
+                id=e.id,
+                step_id=e.step_id,
+                kind=e.kind,
+                from_status=e.from_status,
+                to_status=e.to_status,
+                attempt=e.attempt,
+                data=e.data,
+                created_at=e.created_at,
+            )
+            for e in rows
+        ]
+    )
+
+
+__all__ = ["BadJsonError", "BodyTooLargeError", "problem_response", "router"]

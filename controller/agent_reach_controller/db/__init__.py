@@ -1,0 +1,1 @@
+"""Storage: the schema, engines for Postgres and SQLite, and migrations."""

@@ -1,0 +1,90 @@
+"""Engines for Postgres (psycopg 3) and SQLite (aiosqlite) behind one transaction interface."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+
+def normalize_url(url: str) -> str:
+    """Map user-facing URLs (`postgresql://`, `sqlite:///x.db`) to the async drivers we ship."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    else:
+        raise ValueError(f"unsupported database {backend!r}: use postgresql:// or sqlite://")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    """The same database through a synchronous driver (for Alembic)."""
+    parsed = make_url(normalize_url(url))
+    driver = "postgresql+psycopg" if parsed.get_backend_name() == "postgresql" else "sqlite"
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+class Database:
+    """An async engine plus the one way to open a transaction.
+
+    SQLite allows a single writer, so there every transaction is serialised by an asyncio lock
+    (embedded mode is one process); Postgres transactions run concurrently and rely on row locks.
+    """
+
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+        self.url = normalize_url(url)
+        parsed = make_url(self.url)
+        self.dialect = parsed.get_backend_name()
+        self._lock: asyncio.Lock | None = None
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.dialect == "sqlite":
+            self._lock = asyncio.Lock()
+            kwargs["poolclass"] = StaticPool
+            kwargs["connect_args"] = {"check_same_thread": False}
+        else:
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = pool_size
+            kwargs["pool_pre_ping"] = True
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        if self.dialect == "sqlite":
+            sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection inside a transaction: committed on success, rolled back on error."""
+        if self._lock is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._lock, self.engine.begin() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        """Raise if the database cannot answer a trivial query."""
+        async with self.transaction() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+    async def close(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,156 @@
+"""The tables: tools, tasks, steps, events and inbound idempotency records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on every backend (SQLite stores naive UTC text)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# JSONB on Postgres (indexable, compact), JSON text elsewhere.
+Json = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# SQLite only autoincrements INTEGER PRIMARY KEY.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _now_column(name: str, **kw: Any) -> sa.Column[datetime]:
+    return sa.Column(name, UtcDateTime(), nullable=False, **kw)
+
+
+tools = sa.Table(
+    "tools",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("version", sa.String(16), primary_key=True),
+    sa.Column("spec", Json, nullable=False),
+    _now_column("created_at"),
+)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    sa.Column("task_id", sa.String(36), primary_key=True),
+    sa.Column("trace_id", sa.String(32), nullable=False, index=True),
+    sa.Column("parent_span_id", sa.String(16)),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("principal", sa.String(128), nullable=False),
+    sa.Column("goal", sa.Text()),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("request", Json, nullable=False),
+    sa.Column("context", Json, nullable=False),
+    sa.Column("cancel_requested", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("version", sa.Integer(), nullable=False, server_default="1"),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    sa.Column("finished_at", UtcDateTime()),
+    sa.Index("ix_tasks_status_created_at", "status", "created_at"),
+)
+
+steps = sa.Table(
+    "steps",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column(
+        "task_id",
+        sa.String(36),
+        sa.ForeignKey("tasks.task_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("step_id", sa.String(64), nullable=False),
+    sa.Column("position", sa.Integer(), nullable=False),
+    sa.Column("trace_id", sa.String(32), nullable=False),
+    sa.Column("tool", sa.String(128), nullable=False),
+    sa.Column("tool_version", sa.String(16), nullable=False),
+    sa.Column("connector", sa.String(64), nullable=False),
+    sa.Column("args", Json, nullable=False),
+    sa.Column("resolved_args", Json),
+    sa.Column("depends_on", Json, nullable=False),
+    sa.Column("when_expr", sa.Text()),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column("not_before", UtcDateTime()),
+    sa.Column("lease_owner", sa.String(128)),
+    sa.Column("lease_expires_at", UtcDateTime()),
+    sa.Column("idempotency_key", sa.String(160), nullable=False),
+    sa.Column("output", Json),
+    sa.Column("error", Json),
+    sa.Column("receipt", Json),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    sa.Column("started_at", UtcDateTime()),
+    sa.Column("finished_at", UtcDateTime()),
+    sa.UniqueConstraint("task_id", "step_id"),
+    # The claim query's index: only ready rows, in connector and id order.
+    sa.Index(
+        "ix_steps_ready",
+        "connector",
+        "id",
+        postgresql_where=sa.text("status = 'ready'"),
+        sqlite_where=sa.text("status = 'ready'"),
+    ),
+    # The lease reaper's index: only running rows, by expiry.
+    sa.Index(
+        "ix_steps_running_lease",
+        "lease_expires_at",
+        postgresql_where=sa.text("status = 'running'"),
+        sqlite_where=sa.text("status = 'running'"),
+    ),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("task_id", sa.String(36), nullable=False),
+    sa.Column("step_id", sa.String(64)),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("from_status", sa.String(24)),
+    sa.Column("to_status", sa.String(24)),
+    sa.Column("attempt", sa.Integer()),
+    sa.Column("data", Json),
+    _now_column("created_at"),
+    sa.Index("ix_events_task_id_id", "task_id", "id"),
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("principal", sa.String(128), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("task_id", sa.String(36), nullable=False),
+    _now_column("created_at"),
+)

@@ -1,0 +1,224 @@
+"""Parse and validate a submitted plan (steps or OpenAI tool calls): a Plan, or every problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agent_reach_controller.planning.conditions import ConditionError, compile_condition
+from agent_reach_controller.planning.graph import Node, dependency_problems
+from agent_reach_controller.planning.limits import (
+    DEFAULT_LIMITS,
+    PlanLimits,
+    check_size,
+    check_value,
+)
+from agent_reach_controller.planning.problems import (
+    PlanInvalidError,
+    Problem,
+    ProblemCode,
+    ProblemCollector,
+)
+from agent_reach_controller.planning.references import (
+    STEP_ID_PATTERN,
+    find_malformed_references,
+    find_references,
+    unescape,
+)
+from agent_reach_controller.planning.schema import schema_problems, validate_resolved_args
+from agent_reach_controller.planning.shapes import StepDraft, read_body, read_context, read_goal
+from agent_reach_controller.tools.catalog import ToolCatalog, ToolSpec
+
+__all__ = [
+    "Plan",
+    "PlanInvalidError",
+    "PlannedStep",
+    "Problem",
+    "parse_plan",
+    "validate_resolved_args",
+]
+
+P = ProblemCode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedStep:
+    """A validated step; `args` may still hold `$step.output` references."""
+
+    step_id: str
+    tool: str
+    tool_version: str
+    args: dict[str, Any]
+    depends_on: tuple[str, ...]
+    when: str | None
+    position: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A validated plan: steps in submission order, the task context and the submitted shape."""
+
+    goal: str | None
+    steps: tuple[PlannedStep, ...]
+    context: dict[str, Any]
+    source: Literal["plan", "openai"]
+
+
+def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
+    seen: dict[str, int] = {}
+    for draft in drafts:
+        sid, where = draft.step_id, draft.pointers["step_id"]
+        if sid is None:
+            continue
+        if not STEP_ID_PATTERN.match(sid):
+            out.add(where, P.INVALID_STEP_ID, f"{sid!r:.80} must match {STEP_ID_PATTERN.pattern}")
+        if sid in seen:
+            out.add(
+                where, P.DUPLICATE_STEP_ID, f"step id {sid!r} is already used by step {seen[sid]}"
+            )
+        else:
+            seen[sid] = draft.position
+
+
+def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -> ToolSpec | None:
+    if draft.tool is None:
+        return None
+    name = catalog.resolve_openai_name(draft.tool)
+    spec = catalog.get(name) if name is not None else None
+    if spec is None:
+        out.add(draft.pointers["tool"], P.UNKNOWN_TOOL, f"no tool named {draft.tool!r:.130}")
+        return None
+    if not spec.enabled:
+        out.add(draft.pointers["tool"], P.TOOL_DISABLED, f"tool {spec.name!r} is disabled")
+        return None
+    return spec
+
+
+def _check_references(draft: StepDraft, ids: set[str], out: ProblemCollector) -> list[str]:
+    """Reference problems of a step; returns the pointers (relative to args) of all references."""
+    assert draft.args is not None
+    args_pointer, addressable = draft.pointers["args"], draft.args_addressable
+
+    def add(inner: str, code: str, detail: str) -> None:
+        if addressable:
+            out.add(args_pointer + inner, code, detail)
+        else:
+            out.add(args_pointer, code, f"at {inner or '/'}: {detail}")
+
+    malformed = find_malformed_references(draft.args)
+    for bad in malformed:
+        add(bad.pointer, P.INVALID_REFERENCE, bad.detail)
+    refs = find_references(draft.args)
+    for ref in refs:
+        if ref.step_id not in ids:
+            add(ref.pointer, P.UNKNOWN_REFERENCE, f"no step {ref.step_id!r} in the plan")
+        elif ref.step_id not in draft.depends_on:
+            detail = f"step {ref.step_id!r} is referenced but not listed in depends_on"
+            add(ref.pointer, P.UNDECLARED_REFERENCE, detail)
+    return [r.pointer for r in refs] + [b.pointer for b in malformed]
+
+
+def _check_args(
+    draft: StepDraft,
+    spec: ToolSpec | None,
+    *,
+    ids: set[str],
+    limits: PlanLimits,
+    out: ProblemCollector,
+) -> None:
+    if draft.args is None:
+        return
+    where = draft.pointers["args"]
+    problems, within_depth = check_value(draft.args, pointer=where, limits=limits)
+    if not draft.args_addressable:
+        problems = [
+            Problem(
+                pointer=where,
+                code=p.code,
+                detail=f"at {p.pointer[len(where) :] or '/'}: {p.detail}",
+            )
+            for p in problems
+        ]
+    out.extend(problems)
+    if not within_depth:
+        return
+    too_large = check_size(draft.args, pointer=where, limit=limits.max_args_bytes, what="args")
+    if too_large is not None:
+        out.extend([too_large])
+        return
+    references = _check_references(draft, ids, out)
+    if spec is not None and not problems:
+        out.extend(
+            schema_problems(
+                spec,
+                unescape(draft.args),
+                base=where,
+                references=references,
+                addressable=draft.args_addressable,
+            )
+        )
+
+
+def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: ProblemCollector) -> None:
+    if draft.when is None:
+        return
+    where = draft.pointers["when"]
+    if len(draft.when) > limits.max_condition_length:
+        detail = f"condition of {len(draft.when):,} characters; the limit is "
+        out.add(where, P.TOO_LARGE, detail + f"{limits.max_condition_length:,}")
+        return
+    try:
+        compiled = compile_condition(draft.when)
+    except ConditionError as exc:
+        out.add(where, P.INVALID_CONDITION, str(exc))
+        return
+    for step_id in sorted(compiled.step_ids):
+        if step_id not in ids:
+            out.add(where, P.INVALID_CONDITION, f"the condition reads unknown step {step_id!r}")
+        elif step_id not in draft.depends_on:
+            detail = f"the condition reads step {step_id!r}, which is not in depends_on"
+            out.add(where, P.INVALID_CONDITION, detail)
+
+
+def _planned(draft: StepDraft, spec: ToolSpec) -> PlannedStep:
+    assert draft.step_id is not None
+    assert draft.args is not None
+    return PlannedStep(
+        step_id=draft.step_id,
+        tool=spec.name,
+        tool_version=spec.version,
+        args=draft.args,
+        depends_on=tuple(dict.fromkeys(draft.depends_on)),
+        when=draft.when,
+        position=draft.position,
+    )
+
+
+def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_LIMITS) -> Plan:
+    """Validate a submitted body (a plan or OpenAI tool calls) and return the Plan.
+
+    Raises PlanInvalidError with every problem found (each with a JSON pointer into `body`).
+    """
+    out = ProblemCollector(limits.max_problems)
+    source, drafts = read_body(body, limits, out)
+    goal = read_goal(body, limits, out)
+    context = read_context(body, limits, out)
+    _check_ids(drafts, out)
+    ids = {d.step_id for d in drafts if d.step_id is not None}
+    nodes = [
+        Node(step_id=d.step_id, depends_on=tuple(d.depends_on), pointer=d.pointers["depends_on"])
+        for d in drafts
+        if d.step_id is not None
+    ]
+    out.extend(dependency_problems(nodes))
+    specs: list[ToolSpec | None] = []
+    for draft in drafts:
+        spec = _check_tool(draft, catalog, out)
+        specs.append(spec)
+        _check_args(draft, spec, ids=ids, limits=limits, out=out)
+        _check_when(draft, ids, limits, out)
+    if out.items:
+        raise PlanInvalidError(out.items)
+    steps = tuple(_planned(d, s) for d, s in zip(drafts, specs, strict=True) if s is not None)
+    plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
+    return Plan(goal=goal, steps=steps, context=context, source=plan_source)

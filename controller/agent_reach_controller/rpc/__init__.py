@@ -1,0 +1,1 @@
+"""The gRPC edge: the executor protocol, health checking and reflection."""

@@ -1,0 +1,75 @@
+"""Conversion between protobuf messages and domain values (only at this edge)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_reach.ids import make_traceparent, new_span_id
+from agent_reach.v1 import executor_pb2 as pb
+from agent_reach_controller.state.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.state.records import StepRow
+from agent_reach_controller.tools.catalog import ToolSpec
+
+
+def to_ms(value: datetime | None) -> int:
+    return int(value.timestamp() * 1000) if value is not None else 0
+
+
+def from_ms(value: int) -> datetime | None:
+    return datetime.fromtimestamp(value / 1000, tz=UTC) if value > 0 else None
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
+    return pb.StepAssignment(
+        lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt),
+        task_id=step.task_id,
+        step_id=step.step_id,
+        tool=step.tool,
+        connector=step.connector,
+        config_json=_dumps(tool.config),
+        args_json=_dumps(step.resolved_args if step.resolved_args is not None else step.args),
+        idempotency_key=step.idempotency_key,
+        trace_id=step.trace_id,
+        traceparent=make_traceparent(step.trace_id, new_span_id()),
+        timeout_ms=int(tool.timeout * 1000),
+        lease_expires_at_ms=to_ms(step.lease_expires_at),
+        max_attempts=step.max_attempts,
+    )
+
+
+class BadResultError(ValueError):
+    """A result message that cannot be decoded."""
+
+
+def result_from_proto(message: pb.StepResult) -> AttemptResult:
+    common = {
+        "step_key": message.lease.step_key,
+        "attempt": message.lease.attempt,
+        "started_at": from_ms(message.started_at_ms),
+        "finished_at": from_ms(message.finished_at_ms),
+    }
+    if message.outcome == pb.OUTCOME_SUCCEEDED:
+        try:
+            output = json.loads(message.output_json) if message.output_json else None
+        except ValueError as exc:
+            raise BadResultError("output_json is not valid JSON") from exc
+        return AttemptResult(output=output, **common)
+    if message.outcome == pb.OUTCOME_FAILED:
+        err = message.error
+        return AttemptResult(
+            error=AttemptError(
+                code=err.code or "connector_error",
+                message=err.message[:2000] or "the tool failed without a message",
+                retryable=err.retryable,
+                retry_after_s=max(0.0, err.retry_after_s),
+                maybe_applied=err.maybe_applied,
+            ),
+            **common,
+        )
+    raise BadResultError("outcome must be OUTCOME_SUCCEEDED or OUTCOME_FAILED")

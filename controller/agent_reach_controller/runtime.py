@@ -1,0 +1,113 @@
+"""The controller's parts, wired from settings (no globals, nothing built at import time)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.engine import make_url
+
+from agent_reach_controller.db import migrate
+from agent_reach_controller.db.engine import Database
+from agent_reach_controller.settings import ControllerSettings
+from agent_reach_controller.state.dispatch import DispatchService, LeaseTimings
+from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
+from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.tasks import TaskService
+from agent_reach_controller.tools.catalog import ToolCatalog
+
+log = logging.getLogger(__name__)
+# Every Redis key and channel lives under this versioned prefix.
+REDIS_PREFIX = "agent_reach:v1:"
+WAKE_CHANNEL = f"{REDIS_PREFIX}wake"
+
+
+@dataclass(slots=True, kw_only=True)
+class Components:
+    settings: ControllerSettings
+    db: Database
+    catalog: ToolCatalog
+    registry: ToolRegistry
+    notifier: Notifier
+    tasks: TaskService
+    dispatch: DispatchService
+
+    async def close(self) -> None:
+        await self.notifier.close()
+        await self.db.close()
+
+
+def _libpq_conninfo(url: str) -> str:
+    parsed = make_url(url).set(drivername="postgresql")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _notifier(settings: ControllerSettings, db: Database) -> Notifier:
+    """Redis pub/sub when configured, else LISTEN/NOTIFY on Postgres, else in-process."""
+    if settings.redis_url is not None:
+        return RedisNotifier(settings.redis_url.get_secret_value(), channel=WAKE_CHANNEL)
+    if db.is_postgres:
+        return PostgresNotifier(_libpq_conninfo(db.url))
+    return Notifier()
+
+
+async def open_components(settings: ControllerSettings) -> Components:
+    """Connect storage, load tools, and build the use cases."""
+    url = settings.database_url.get_secret_value()
+    if settings.migrate:
+        await asyncio.to_thread(migrate.upgrade, url)
+    db = Database(url, pool_size=settings.db_pool_size)
+    catalog = ToolCatalog.from_yaml_files(settings.tools)
+    registry = ToolRegistry(catalog, db)
+    await registry.sync()
+    notifier = _notifier(settings, db)
+    await notifier.start()
+    tasks = TaskService(db=db, registry=registry, notifier=notifier)
+    dispatch = DispatchService(
+        db=db,
+        registry=registry,
+        tasks=tasks,
+        notifier=notifier,
+        timings=LeaseTimings(
+            lease=timedelta(seconds=settings.lease_seconds),
+            max_poll_wait=settings.max_poll_wait_seconds,
+        ),
+    )
+    return Components(
+        settings=settings,
+        db=db,
+        catalog=catalog,
+        registry=registry,
+        notifier=notifier,
+        tasks=tasks,
+        dispatch=dispatch,
+    )
+
+
+async def reap_forever(components: Components) -> None:
+    """The lease reaper: every replica runs it; row locks keep them from colliding."""
+    interval = min(components.settings.reap_interval_seconds, components.settings.lease_seconds / 4)
+    while True:
+        try:
+            await components.dispatch.reap_expired()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("lease reaper failed; retrying", extra={"event": "reaper_error"})
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def background(components: Components) -> AsyncIterator[None]:
+    """Run the reaper for the life of the block."""
+    task = asyncio.create_task(reap_forever(components), name="lease-reaper")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,95 @@
+"""Running a controller: REST and gRPC listeners, the reaper, and a clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from grpc_health.v1 import health_pb2
+
+from agent_reach_controller.api.app import create_app
+from agent_reach_controller.rpc.servicer import ExecutorService, build_server
+from agent_reach_controller.runtime import Components, background, open_components
+from agent_reach_controller.settings import ControllerSettings, split_address
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bound:
+    """Where a running controller listens (ports resolved when 0 was asked for)."""
+
+    http: str
+    grpc: str
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the process's composition root owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(address: str) -> socket.socket:
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def running_controller(settings: ControllerSettings) -> AsyncIterator[tuple[Components, Bound]]:
+    """Start everything; on exit, stop taking requests and shut down within a grace period."""
+    components = await open_components(settings)
+    http_sock = _bind(settings.http)
+    host, http_port = http_sock.getsockname()[:2]
+    grpc_host, _ = split_address(settings.grpc)
+    service = ExecutorService(dispatch=components.dispatch, registry=components.registry)
+    grpc_server, grpc_port, health = build_server(service, settings.grpc)
+    await grpc_server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set("agent_reach.v1.ExecutorService", health_pb2.HealthCheckResponse.SERVING)
+    config = uvicorn.Config(
+        create_app(components), log_config=None, access_log=False, lifespan="off", loop="none"
+    )
+    http_server = _Server(config)
+    http_task = asyncio.create_task(http_server.serve(sockets=[http_sock]), name="http")
+    bound = Bound(http=f"{host}:{http_port}", grpc=f"{grpc_host}:{grpc_port}")
+    if settings.ready_file is not None:
+        settings.ready_file.write_text(json.dumps({"http": bound.http, "grpc": bound.grpc}))
+    log.info(
+        "controller listening: http=%s grpc=%s database=%s",
+        bound.http,
+        bound.grpc,
+        components.db.dialect,
+        extra={"event": "controller_started"},
+    )
+    try:
+        async with background(components):
+            yield components, bound
+    finally:
+        await health.enter_graceful_shutdown()
+        http_server.should_exit = True
+        await grpc_server.stop(grace=5)
+        with contextlib.suppress(asyncio.CancelledError):
+            await http_task
+        http_sock.close()
+        await components.close()
+        log.info("controller stopped", extra={"event": "controller_stopped"})
+
+
+async def serve(settings: ControllerSettings, *, stop: asyncio.Event) -> None:
+    """Run a controller until `stop` is set."""
+    async with running_controller(settings):
+        await stop.wait()

@@ -1,0 +1,41 @@
+"""Controller settings (environment: AGENT_REACH_CONTROLLER_<FIELD>)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE = "sqlite:///.reach/reach.db"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'HOST:PORT' → (host, port); IPv6 hosts may be bracketed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class ControllerSettings(BaseSettings):
+    """How a controller process is wired: its listeners, storage and lease timings."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_REACH_CONTROLLER_", extra="ignore")
+
+    http: str = Field("127.0.0.1:8080", description="REST listener HOST:PORT (port 0: any)")
+    grpc: str = Field("127.0.0.1:50051", description="gRPC listener HOST:PORT (port 0: any)")
+    tools: list[Path] = Field(default_factory=list, description="Tool definition YAML files")
+    database_url: SecretStr = SecretStr(DEFAULT_SQLITE)
+    redis_url: SecretStr | None = None
+    migrate: bool = Field(False, description="Apply database migrations at start")
+    lease_seconds: float = Field(30.0, gt=0)
+    max_poll_wait_seconds: float = Field(20.0, gt=0)
+    reap_interval_seconds: float = Field(1.0, gt=0)
+    max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
+    max_body_bytes: int = Field(1024 * 1024, gt=0)
+    receipt_budget_chars: int = Field(2000, ge=200)
+    db_pool_size: int = Field(10, ge=1)
+    ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
+    log_format: str = Field("json", pattern="^(json|text)$")
+    log_level: str = "INFO"

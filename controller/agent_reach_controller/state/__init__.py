@@ -1,0 +1,1 @@
+"""The state machine's use cases: submit, advance, dispatch, record results, cancel."""

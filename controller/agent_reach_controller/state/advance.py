@@ -1,0 +1,116 @@
+"""Deciding which blocked steps can move: dependencies, `when` conditions, references, schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition
+from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
+from agent_reach_controller.planning.plan import validate_resolved_args
+from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
+from agent_reach_controller.state.outcomes import terminal_values
+from agent_reach_controller.state.records import StepChange, StepRow
+from agent_reach_controller.tools.catalog import ToolSpec
+
+ToolLookup = Callable[[str, str], ToolSpec]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdvanceInput:
+    steps: list[StepRow]
+    context: Mapping[str, Any]
+    tool_of: ToolLookup
+    now: datetime
+
+
+def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
+    """Every transition out of `blocked` that the current step states allow, to a fixpoint.
+
+    A skip or failure decided here can unblock (and usually skip) dependants in the same pass, so
+    a whole chain settles in one transaction.
+    """
+    by_id = {s.step_id: s for s in data.steps}
+    status: dict[str, StepStatus] = {s.step_id: s.status for s in data.steps}
+    changes: list[StepChange] = []
+    progressed = True
+    while progressed:
+        progressed = False
+        for step in data.steps:
+            if status[step.step_id] is not StepStatus.BLOCKED:
+                continue
+            if any(status[d] not in TERMINAL_STEP_STATES for d in step.depends_on):
+                continue
+            change = _decide_one(step, by_id=by_id, status=status, data=data)
+            changes.append(change)
+            status[step.step_id] = _target_of(change)
+            progressed = True
+    return changes
+
+
+def _target_of(change: StepChange) -> StepStatus:
+    from agent_reach.states import target
+
+    return target(change.transition)
+
+
+def _decide_one(
+    step: StepRow,
+    *,
+    by_id: Mapping[str, StepRow],
+    status: Mapping[str, StepStatus],
+    data: AdvanceInput,
+) -> StepChange:
+    tool = data.tool_of(step.tool, step.tool_version)
+    not_done = [d for d in step.depends_on if status[d] is not StepStatus.SUCCEEDED]
+    if not_done:
+        first = not_done[0]
+        message = f"skipped because step '{first}' {status[first].value}"
+        return _end(step, tool, data, Transition.SKIP, (ErrorCode.DEPENDENCY_FAILED, message))
+    outputs = {d: by_id[d].output for d in step.depends_on}
+    if step.when_expr:
+        try:
+            go = evaluate(
+                compile_condition(step.when_expr),
+                steps={d: {"output": outputs[d], "status": status[d].value} for d in outputs},
+                context=dict(data.context),
+            )
+        except ConditionError as exc:
+            return _end(step, tool, data, Transition.FAIL, (ErrorCode.CONDITION_ERROR, str(exc)))
+        if not go:
+            message = f"skipped because its condition is false: {step.when_expr}"
+            return _end(step, tool, data, Transition.SKIP, (ErrorCode.CONDITION_FALSE, message))
+    try:
+        resolved = resolve(step.args, outputs)
+    except UnresolvedReferenceError as exc:
+        message = f"argument {exc.pointer} could not be resolved: {exc.detail}"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    problems = validate_resolved_args(tool, resolved)
+    if problems:
+        detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
+        message = f"arguments are invalid after resolving references: {detail}"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    return StepChange(
+        step=step, transition=Transition.UNBLOCK, values={"resolved_args": resolved}
+    )
+
+
+def _end(
+    step: StepRow,
+    tool: ToolSpec,
+    data: AdvanceInput,
+    transition: Transition,
+    error: tuple[ErrorCode, str],
+) -> StepChange:
+    code, message = error
+    values = terminal_values(
+        step,
+        tool=tool,
+        transition=transition,
+        now=data.now,
+        error={"code": code.value, "message": message, "retryable": False},
+    )
+    return StepChange(step=step, transition=transition, values=values, event_data={"error": values["error"]})

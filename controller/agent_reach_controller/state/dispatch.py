@@ -1,0 +1,244 @@
+"""Dispatch use cases: lease ready steps, extend leases, record results, reap expired leases."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from agent_reach.states import StepStatus
+from agent_reach_controller.db.engine import Database
+from agent_reach_controller.state import store
+from agent_reach_controller.state.notifier import Notifier
+from agent_reach_controller.state.outcomes import AttemptResult, decide_lease_expiry, decide_result
+from agent_reach_controller.state.records import StepRow
+from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.tasks import TaskService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTimings:
+    lease: timedelta = timedelta(seconds=30)
+    max_poll_wait: float = 20.0
+    # Upper bound on a poller's sleep between checks when no wake-up arrives (a safety net).
+    recheck: float = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    step_key: int
+    attempt: int
+    accepted: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatOutcome:
+    extended: list[tuple[int, int]]
+    cancelled: list[tuple[int, int]]
+    lost: list[tuple[int, int]]
+    expires_at: datetime
+
+
+@dataclass(slots=True)
+class DispatchCounters:
+    leased: int = 0
+    results_accepted: int = 0
+    results_rejected: int = 0
+    leases_expired: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class DispatchService:
+    """The controller side of the executor protocol. Safe to run in every replica at once."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        registry: ToolRegistry,
+        tasks: TaskService,
+        notifier: Notifier,
+        timings: LeaseTimings,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._db = db
+        self._registry = registry
+        self._tasks = tasks
+        self._notifier = notifier
+        self.timings = timings
+        self._rng = rng or random.Random()
+        self.counters = DispatchCounters()
+
+    async def claim(
+        self, *, executor_id: str, connectors: Sequence[str], limit: int
+    ) -> list[StepRow]:
+        """Lease up to `limit` ready steps now; empty when there are none."""
+        if limit <= 0 or not connectors:
+            return []
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            claimed = await store.claim_ready(
+                conn,
+                store.ClaimInput(
+                    executor_id=executor_id,
+                    connectors=connectors,
+                    limit=limit,
+                    now=now,
+                    lease_expires_at=now + self.timings.lease,
+                ),
+            )
+        if claimed:
+            self.counters.leased += len(claimed)
+            await self._mark_tasks_running({s.task_id for s in claimed}, now=now)
+        return claimed
+
+    async def poll(
+        self, *, executor_id: str, connectors: Sequence[str], limit: int, wait: float
+    ) -> list[StepRow]:
+        """Claim, waiting up to `wait` seconds for a step to become ready or due."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
+        while True:
+            since = self._notifier.generation()
+            claimed = await self.claim(executor_id=executor_id, connectors=connectors, limit=limit)
+            remaining = deadline - loop.time()
+            if claimed or remaining <= 0:
+                return claimed
+            pause = min(remaining, self.timings.recheck)
+            async with self._db.transaction() as conn:
+                due = await store.next_due(conn, connectors)
+            if due is not None:
+                pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
+            await self._notifier.wait(since, pause)
+
+    async def heartbeat(
+        self, *, executor_id: str, leases: Sequence[tuple[int, int]]
+    ) -> HeartbeatOutcome:
+        now = datetime.now(UTC)
+        expires = now + self.timings.lease
+        async with self._db.transaction() as conn:
+            extended = await store.extend_leases(
+                conn, executor_id=executor_id, leases=leases, expires_at=expires
+            )
+            rest = [lease for lease in leases if lease not in extended]
+            current = await store.load_steps_by_key(conn, (key for key, _ in rest))
+        cancelled, lost = [], []
+        for key, attempt in rest:
+            step = current.get(key)
+            if step is not None and step.status is StepStatus.CANCELLED and step.attempt == attempt:
+                cancelled.append((key, attempt))
+            else:
+                lost.append((key, attempt))
+        return HeartbeatOutcome(
+            extended=sorted(extended), cancelled=cancelled, lost=lost, expires_at=expires
+        )
+
+    async def report(self, *, executor_id: str, results: Sequence[AttemptResult]) -> list[Ack]:
+        """Apply each result whose lease is still current; reject the rest (stale fencing token)."""
+        if not results:
+            return []
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            first_look = await store.load_steps_by_key(conn, (r.step_key for r in results))
+            task_ids = {s.task_id for s in first_look.values()}
+            await store.lock_tasks(conn, task_ids)
+            current = await store.load_steps_by_key(conn, first_look)
+            await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            acks = [await self._apply(conn, current.get(r.step_key), r, now, executor_id) for r in results]
+            advanced = await self._tasks.advance(conn, task_ids, now=now)
+            await self._notifier.publish(
+                conn, connectors=advanced.ready_connectors | self._retry_connectors(current, acks),
+                tasks=advanced.finished_tasks,
+            )
+        await self._notifier.after_commit()
+        return acks
+
+    async def _apply(
+        self,
+        conn: store.AsyncConnection,
+        step: StepRow | None,
+        result: AttemptResult,
+        now: datetime,
+        executor_id: str,
+    ) -> Ack:
+        if step is None or step.status is not StepStatus.RUNNING or step.attempt != result.attempt:
+            return self._reject(step, result, now=now, reason="stale_lease", executor_id=executor_id)
+        tool = self._registry.get(step.tool, step.tool_version)
+        change = decide_result(step, result, tool=tool, now=now, rng=self._rng)
+        if not await store.change_step(conn, change, now=now):
+            return self._reject(step, result, now=now, reason="stale_lease", executor_id=executor_id)
+        self.counters.results_accepted += 1
+        return Ack(step_key=result.step_key, attempt=result.attempt, accepted=True)
+
+    def _reject(
+        self,
+        step: StepRow | None,
+        result: AttemptResult,
+        *,
+        now: datetime,
+        reason: str,
+        executor_id: str,
+    ) -> Ack:
+        del now
+        self.counters.results_rejected += 1
+        self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
+        log.info(
+            "rejected a result for step key %s attempt %s from %s: %s",
+            result.step_key,
+            result.attempt,
+            executor_id,
+            reason,
+            extra={
+                "event": "result_rejected",
+                "task_id": step.task_id if step else None,
+                "step_id": step.step_id if step else None,
+            },
+        )
+        return Ack(step_key=result.step_key, attempt=result.attempt, accepted=False, reason=reason)
+
+    @staticmethod
+    def _retry_connectors(current: dict[int, StepRow], acks: list[Ack]) -> set[str]:
+        return {current[a.step_key].connector for a in acks if a.accepted and a.step_key in current}
+
+    async def reap_expired(self, *, limit: int = 500) -> int:
+        """Re-queue (or fail) running steps whose lease expired. Any replica may run this."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            expired = await store.expired_leases(conn, now=now, limit=limit)
+        if not expired:
+            return 0
+        reaped = 0
+        async with self._db.transaction() as conn:
+            await store.lock_tasks(conn, {s.task_id for s in expired})
+            current = await store.load_steps_by_key(conn, (s.id for s in expired))
+            await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            connectors = set()
+            for step in current.values():
+                if step.status is not StepStatus.RUNNING or step.lease_expires_at is None:
+                    continue
+                if step.lease_expires_at >= now:
+                    continue
+                tool = self._registry.get(step.tool, step.tool_version)
+                change = decide_lease_expiry(step, tool=tool, now=now, rng=self._rng)
+                if await store.change_step(conn, change, now=now):
+                    reaped += 1
+                    connectors.add(step.connector)
+            advanced = await self._tasks.advance(conn, {s.task_id for s in current.values()}, now=now)
+            await self._notifier.publish(
+                conn, connectors=connectors | advanced.ready_connectors, tasks=advanced.finished_tasks
+            )
+        await self._notifier.after_commit()
+        self.counters.leases_expired += reaped
+        if reaped:
+            log.warning("re-queued %d steps whose lease expired", reaped, extra={"event": "lease_expired"})
+        return reaped
+
+    async def _mark_tasks_running(self, task_ids: set[str], *, now: datetime) -> None:
+        async with self._db.transaction() as conn:
+            await store.mark_tasks_running(conn, task_ids, now=now)

@@ -1,0 +1,186 @@
+"""Wake-ups: a new ready step wakes waiting pollers at once, a finished task wakes its waiters.
+
+Locally an asyncio condition; across replicas Postgres LISTEN/NOTIFY (sent inside the
+transaction, so it is delivered exactly when the change commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+log = logging.getLogger(__name__)
+
+READY_CHANNEL = "agent_reach_ready"
+TASK_CHANNEL = "agent_reach_task"
+
+
+class Notifier:
+    """In-process wake-ups; the base of the cross-replica variant."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._generation = 0
+
+    async def publish_local(self) -> None:
+        async with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    async def publish(
+        self,
+        conn: AsyncConnection,
+        *,
+        connectors: Iterable[str] = (),
+        tasks: Iterable[str] = (),
+    ) -> None:
+        """Announce changes made in `conn`'s transaction (delivered after commit)."""
+        del conn, connectors, tasks
+
+    async def after_commit(self) -> None:
+        """Wake local waiters once a transaction that published has committed."""
+        await self.publish_local()
+
+    def generation(self) -> int:
+        return self._generation
+
+    async def wait(self, since: int, timeout: float) -> None:
+        """Return when anything was published after `since`, or when `timeout` runs out."""
+        if timeout <= 0:
+            return
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._generation != since), timeout
+                )
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class PostgresNotifier(Notifier):
+    """Cross-replica wake-ups over LISTEN/NOTIFY on a dedicated autocommit connection."""
+
+    def __init__(self, conninfo: str) -> None:
+        super().__init__()
+        self._conninfo = conninfo
+        self._task: asyncio.Task[None] | None = None
+
+    async def publish(
+        self,
+        conn: AsyncConnection,
+        *,
+        connectors: Iterable[str] = (),
+        tasks: Iterable[str] = (),
+    ) -> None:
+        for connector in sorted(set(connectors)):
+            await conn.execute(
+                sa.text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": READY_CHANNEL, "payload": connector},
+            )
+        for task_id in sorted(set(tasks)):
+            await conn.execute(
+                sa.text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": TASK_CHANNEL, "payload": task_id},
+            )
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="pg-listen")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {READY_CHANNEL}")
+                    await conn.execute(f"LISTEN {TASK_CHANNEL}")
+                    delay = 0.1
+                    # Anything may have happened while we were not listening.
+                    await self.publish_local()
+                    async for _ in conn.notifies():
+                        await self.publish_local()
+            except (psycopg.Error, OSError) as exc:
+                log.warning(
+                    "notification listener lost its connection (%s); retrying in %.1fs",
+                    type(exc).__name__,
+                    delay,
+                    extra={"event": "listener_reconnect"},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+class RedisNotifier(Notifier):
+    """Cross-replica wake-ups over Redis pub/sub, published once a transaction has committed.
+
+    Redis holds nothing durable here: a lost message costs one recheck interval, never a step.
+    """
+
+    def __init__(self, url: str, *, channel: str) -> None:
+        super().__init__()
+        import redis.asyncio as aioredis
+
+        self._redis = aioredis.Redis.from_url(url)
+        self._channel = channel
+        self._task: asyncio.Task[None] | None = None
+
+    async def after_commit(self) -> None:
+        await self.publish_local()
+        try:
+            await self._redis.publish(self._channel, b"1")
+        except (OSError, ConnectionError) as exc:
+            log.warning("could not publish a wake-up to Redis: %s", type(exc).__name__,
+                        extra={"event": "redis_unavailable"})
+        except Exception as exc:  # redis.RedisError and subclasses
+            log.warning("could not publish a wake-up to Redis: %s", type(exc).__name__,
+                        extra={"event": "redis_unavailable"})
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="redis-listen")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._redis.aclose()
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    delay = 0.1
+                    await self.publish_local()
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            await self.publish_local()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "Redis wake-up listener lost its connection (%s); retrying in %.1fs",
+                    type(exc).__name__,
+                    delay,
+                    extra={"event": "listener_reconnect"},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

@@ -1,0 +1,137 @@
+"""Deciding what a finished attempt means: success, a retry with a durable backoff, or failure."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import StepStatus, Transition, target
+from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
+from agent_reach_controller.state.records import StepChange, StepRow
+from agent_reach_controller.tools.catalog import ToolSpec, backoff_delay
+
+# The longest Retry-After we honour; a downstream asking for more gets this.
+RETRY_AFTER_CAP_S = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptError:
+    code: str
+    message: str
+    retryable: bool
+    retry_after_s: float = 0.0
+    maybe_applied: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResult:
+    """What an executor reported for one attempt, already decoded from the wire."""
+
+    step_key: int
+    attempt: int
+    output: Any = None
+    error: AttemptError | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+def terminal_values(
+    step: StepRow,
+    *,
+    tool: ToolSpec,
+    transition: Transition,
+    now: datetime,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Columns set when a step ends: output, error, the receipt, and the released lease."""
+    status = target(transition)
+    began = step.started_at or step.created_at
+    receipt = Receipt(
+        status=status.value,
+        data=project_output(output, tool.output) if status is StepStatus.SUCCEEDED else None,
+        error=ReceiptError(
+            code=error["code"], message=error["message"], retryable=bool(error["retryable"])
+        )
+        if error
+        else None,
+        meta=ReceiptMeta(
+            tool=step.tool,
+            step_id=step.step_id,
+            attempts=step.attempt,
+            duration_ms=max(0, int((now - began).total_seconds() * 1000)),
+            idempotency_key=step.idempotency_key,
+            trace_id=step.trace_id,
+            verified=None,
+        ),
+    )
+    return {
+        "output": output,
+        "error": error,
+        "receipt": receipt.to_dict(),
+        "finished_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+
+
+def decide_result(
+    step: StepRow, result: AttemptResult, *, tool: ToolSpec, now: datetime, rng: random.Random
+) -> StepChange:
+    """The transition a reported attempt leads to (the caller has checked the lease)."""
+    if result.error is None:
+        values = terminal_values(
+            step, tool=tool, transition=Transition.SUCCEED, now=now, output=result.output
+        )
+        return StepChange(step=step, transition=Transition.SUCCEED, values=values)
+    return _decide_failure(step, result.error, tool=tool, now=now, rng=rng)
+
+
+def decide_lease_expiry(
+    step: StepRow, *, tool: ToolSpec, now: datetime, rng: random.Random
+) -> StepChange:
+    """A running step whose executor stopped heartbeating: retry it, or fail it if exhausted."""
+    error = AttemptError(
+        code=ErrorCode.LEASE_LOST.value,
+        message=f"the executor running {step.tool} stopped responding",
+        retryable=True,
+    )
+    change = _decide_failure(step, error, tool=tool, now=now, rng=rng)
+    data = dict(change.event_data or {})
+    data["lease_owner"] = step.lease_owner
+    return StepChange(step=step, transition=change.transition, values=change.values, event_data=data)
+
+
+def _decide_failure(
+    step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime, rng: random.Random
+) -> StepChange:
+    retryable = error.retryable and error.code not in tool.retry.non_retryable_error_types
+    if retryable and step.attempt < step.max_attempts:
+        delay = backoff_delay(tool.retry, step.attempt, rng=rng)
+        if error.retry_after_s > 0:
+            delay = max(delay, min(error.retry_after_s, RETRY_AFTER_CAP_S))
+        return StepChange(
+            step=step,
+            transition=Transition.RETRY,
+            values={
+                "attempt": step.attempt + 1,
+                "not_before": now + timedelta(seconds=delay),
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "error": error.as_dict(),
+            },
+            event_data={"error": error.as_dict(), "delay_s": round(delay, 3)},
+        )
+    final = error.as_dict()
+    if retryable:
+        final["message"] = f"{error.message} (after {step.attempt} attempts)"
+    values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=final)
+    return StepChange(
+        step=step, transition=Transition.FAIL, values=values, event_data={"error": final}
+    )

@@ -1,0 +1,98 @@
+"""Rows as frozen values: what the use cases read from storage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent_reach.states import StepStatus, TaskStatus, Transition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    id: int
+    task_id: str
+    step_id: str
+    position: int
+    trace_id: str
+    tool: str
+    tool_version: str
+    connector: str
+    args: dict[str, Any]
+    resolved_args: dict[str, Any] | None
+    depends_on: tuple[str, ...]
+    when_expr: str | None
+    status: StepStatus
+    attempt: int
+    max_attempts: int
+    not_before: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    idempotency_key: str
+    output: Any
+    error: dict[str, Any] | None
+    receipt: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> StepRow:
+        values = dict(row)
+        values["status"] = StepStatus(values["status"])
+        values["depends_on"] = tuple(values["depends_on"] or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRow:
+    task_id: str
+    trace_id: str
+    parent_span_id: str | None
+    status: TaskStatus
+    principal: str
+    goal: str | None
+    source: str
+    request: dict[str, Any]
+    context: dict[str, Any]
+    cancel_requested: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> TaskRow:
+        values = dict(row)
+        values["status"] = TaskStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRow:
+    id: int
+    task_id: str
+    step_id: str | None
+    kind: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> EventRow:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepChange:
+    """One decided transition of one step: which edge, and the columns it sets besides status."""
+
+    step: StepRow
+    transition: Transition
+    values: Mapping[str, Any]
+    event_data: Mapping[str, Any] | None = None

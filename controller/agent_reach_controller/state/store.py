@@ -1,0 +1,390 @@
+"""All SQL of the state machine, in one place. Every status write is a guarded compare-and-set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_reach.states import StepStatus, TaskStatus, Transition, apply, sources, target
+from agent_reach_controller.db.schema import events, idempotency_keys, steps, tasks, tools
+from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    task_id: str
+    kind: str
+    created_at: datetime
+    step_id: str | None = None
+    from_status: str | None = None
+    to_status: str | None = None
+    attempt: int | None = None
+    data: dict[str, Any] | None = None
+
+
+async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
+    """Append history rows (one round trip for the whole batch)."""
+    if not new:
+        return
+    await conn.execute(
+        events.insert(),
+        [
+            {
+                "task_id": e.task_id,
+                "step_id": e.step_id,
+                "kind": e.kind,
+                "from_status": e.from_status,
+                "to_status": e.to_status,
+                "attempt": e.attempt,
+                "data": e.data,
+                "created_at": e.created_at,
+            }
+            for e in new
+        ],
+    )
+
+
+# --- steps: reads ---------------------------------------------------------------------------
+
+
+async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
+    ids = sorted(set(task_ids))
+    if not ids:
+        return []
+    rows = await conn.execute(
+        sa.select(steps).where(steps.c.task_id.in_(ids)).order_by(steps.c.task_id, steps.c.position)
+    )
+    return [StepRow.from_mapping(r) for r in rows.mappings()]
+
+
+async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[int, StepRow]:
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    rows = await conn.execute(sa.select(steps).where(steps.c.id.in_(wanted)))
+    return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
+
+
+async def next_due(conn: AsyncConnection, connectors: Sequence[str]) -> datetime | None:
+    """When the earliest ready-but-deferred step of these connectors becomes due."""
+    row = await conn.execute(
+        sa.select(sa.func.min(steps.c.not_before)).where(
+            steps.c.status == StepStatus.READY, steps.c.connector.in_(connectors)
+        )
+    )
+    value: datetime | None = row.scalar_one_or_none()
+    return value
+
+
+# --- steps: transitions ---------------------------------------------------------------------
+
+
+async def insert_steps(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> list[StepRow]:
+    """Insert a task's steps (all `blocked`); returns them with their keys."""
+    result = await conn.execute(steps.insert().returning(*steps.c), list(rows))
+    return sorted(
+        (StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position
+    )
+
+
+async def change_step(conn: AsyncConnection, change: StepChange, *, now: datetime) -> bool:
+    """Apply one transition as a compare-and-set on (status, attempt) and record its event.
+
+    Returns False, writing nothing, when the step is no longer in the state it was read in (a
+    concurrent transition won, or the result is from an older attempt).
+    """
+    step = change.step
+    to = apply(step.status, change.transition)  # raises IllegalTransitionError
+    stmt = (
+        sa.update(steps)
+        .where(
+            steps.c.id == step.id,
+            steps.c.status == step.status,
+            steps.c.attempt == step.attempt,
+        )
+        .values(status=to, updated_at=now, **dict(change.values))
+        .returning(steps.c.attempt)
+    )
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        return False
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=step.task_id,
+                step_id=step.step_id,
+                kind=change.transition.value,
+                from_status=step.status,
+                to_status=to,
+                attempt=row[0],
+                data=dict(change.event_data) if change.event_data else None,
+                created_at=now,
+            )
+        ],
+    )
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimInput:
+    executor_id: str
+    connectors: Sequence[str]
+    limit: int
+    now: datetime
+    lease_expires_at: datetime
+
+
+async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
+    """Lease up to `limit` due ready steps to an executor (FOR UPDATE SKIP LOCKED on Postgres)."""
+    picked = (
+        sa.select(steps.c.id)
+        .where(
+            steps.c.status.in_(sources(Transition.LEASE)),
+            steps.c.connector.in_(list(claim.connectors)),
+            sa.or_(steps.c.not_before.is_(None), steps.c.not_before <= claim.now),
+        )
+        .order_by(steps.c.id)
+        .limit(claim.limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        sa.update(steps)
+        .where(steps.c.id.in_(picked.scalar_subquery()))
+        .values(
+            status=target(Transition.LEASE),
+            lease_owner=claim.executor_id,
+            lease_expires_at=claim.lease_expires_at,
+            started_at=sa.func.coalesce(steps.c.started_at, claim.now),
+            updated_at=claim.now,
+        )
+        .returning(*steps.c)
+    )
+    claimed = [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=s.task_id,
+                step_id=s.step_id,
+                kind=Transition.LEASE.value,
+                from_status=StepStatus.READY,
+                to_status=s.status,
+                attempt=s.attempt,
+                data={"executor_id": claim.executor_id},
+                created_at=claim.now,
+            )
+            for s in claimed
+        ],
+    )
+    return claimed
+
+
+async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[StepRow]:
+    """Running steps whose lease has expired, locked against other reapers."""
+    stmt = (
+        sa.select(steps)
+        .where(steps.c.status == StepStatus.RUNNING, steps.c.lease_expires_at < now)
+        .order_by(steps.c.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def extend_leases(
+    conn: AsyncConnection,
+    *,
+    executor_id: str,
+    leases: Sequence[tuple[int, int]],
+    expires_at: datetime,
+) -> set[tuple[int, int]]:
+    """Extend the leases still held by this executor; returns the (key, attempt) pairs extended."""
+    if not leases:
+        return set()
+    stmt = (
+        sa.update(steps)
+        .where(
+            sa.tuple_(steps.c.id, steps.c.attempt).in_(list(leases)),
+            steps.c.status == StepStatus.RUNNING,
+            steps.c.lease_owner == executor_id,
+        )
+        .values(lease_expires_at=expires_at)
+        .returning(steps.c.id, steps.c.attempt)
+    )
+    return {(r[0], r[1]) for r in (await conn.execute(stmt)).all()}
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+async def insert_task(conn: AsyncConnection, row: dict[str, Any]) -> None:
+    await conn.execute(tasks.insert().values(**row))
+
+
+async def load_task(conn: AsyncConnection, task_id: str) -> TaskRow | None:
+    row = (await conn.execute(sa.select(tasks).where(tasks.c.task_id == task_id))).mappings()
+    first = row.first()
+    return TaskRow.from_mapping(first) if first else None
+
+
+async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, TaskRow]:
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
+    return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
+
+
+async def list_tasks(
+    conn: AsyncConnection, *, status: str | None, before: str | None, limit: int
+) -> list[TaskRow]:
+    """Newest first; `before` is the last task id of the previous page (ids sort by time)."""
+    stmt = sa.select(tasks).order_by(tasks.c.task_id.desc()).limit(limit)
+    if status is not None:
+        stmt = stmt.where(tasks.c.status == status)
+    if before is not None:
+        stmt = stmt.where(tasks.c.task_id < before)
+    return [TaskRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def set_task_status(
+    conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
+) -> bool:
+    """Optimistic-locked status change of a task, with its event."""
+    finished = now if status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED) else None
+    stmt = (
+        sa.update(tasks)
+        .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
+        .values(status=status, version=task.version + 1, updated_at=now, finished_at=finished)
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=task.task_id,
+                kind="task_status",
+                from_status=task.status,
+                to_status=status,
+                created_at=now,
+            )
+        ],
+    )
+    return True
+
+
+async def mark_tasks_running(conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime) -> None:
+    """`pending` → `running` once a first step is leased (no task lock: it is one guarded write)."""
+    rows = await conn.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id.in_(sorted(set(task_ids))), tasks.c.status == TaskStatus.PENDING)
+        .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
+        .returning(tasks.c.task_id)
+    )
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=task_id,
+                kind="task_status",
+                from_status=TaskStatus.PENDING,
+                to_status=TaskStatus.RUNNING,
+                created_at=now,
+            )
+            for task_id, in rows.all()
+        ],
+    )
+
+
+async def request_cancel(conn: AsyncConnection, task_id: str, *, now: datetime) -> None:
+    await conn.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id)
+        .values(cancel_requested=True, updated_at=now)
+    )
+
+
+async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
+    """Serialise advancement of these tasks between replicas (row locks, in id order)."""
+    ids = sorted(set(task_ids))
+    if ids:
+        await conn.execute(
+            sa.select(tasks.c.task_id)
+            .where(tasks.c.task_id.in_(ids))
+            .order_by(tasks.c.task_id)
+            .with_for_update()
+        )
+
+
+async def load_events(
+    conn: AsyncConnection, task_id: str, *, after: int = 0, limit: int = 1000
+) -> list[EventRow]:
+    stmt = (
+        sa.select(events)
+        .where(events.c.task_id == task_id, events.c.id > after)
+        .order_by(events.c.id)
+        .limit(limit)
+    )
+    return [EventRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+# --- idempotency and tools ------------------------------------------------------------------
+
+
+async def claim_idempotency_key(
+    conn: AsyncConnection, *, dialect: str, row: dict[str, Any]
+) -> tuple[str, str]:
+    """Record (principal, key) → task; returns the (request_hash, task_id) stored for the key.
+
+    A concurrent submit with the same key waits on the unique index and then sees the first
+    one's record, so exactly one task is created per key.
+    """
+    insert = postgresql.insert if dialect == "postgresql" else _sqlite_insert
+    await conn.execute(
+        insert(idempotency_keys).values(**row).on_conflict_do_nothing(
+            index_elements=["principal", "key"]
+        )
+    )
+    stored = (
+        await conn.execute(
+            sa.select(idempotency_keys.c.request_hash, idempotency_keys.c.task_id).where(
+                idempotency_keys.c.principal == row["principal"],
+                idempotency_keys.c.key == row["key"],
+            )
+        )
+    ).one()
+    return stored[0], stored[1]
+
+
+def _sqlite_insert(table: sa.Table) -> Any:
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table)
+
+
+async def save_tool_versions(
+    conn: AsyncConnection, *, dialect: str, rows: Sequence[dict[str, Any]]
+) -> None:
+    """Store tool definitions by (name, version); existing versions are immutable."""
+    if not rows:
+        return
+    insert = postgresql.insert if dialect == "postgresql" else _sqlite_insert
+    await conn.execute(
+        insert(tools).on_conflict_do_nothing(index_elements=["name", "version"]), list(rows)
+    )
+
+
+async def load_tool_version(conn: AsyncConnection, name: str, version: str) -> dict[str, Any] | None:
+    row = await conn.execute(
+        sa.select(tools.c.spec).where(tools.c.name == name, tools.c.version == version)
+    )
+    spec: dict[str, Any] | None = row.scalar_one_or_none()
+    return spec

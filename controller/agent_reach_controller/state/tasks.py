@@ -1,0 +1,294 @@
+"""Task use cases: submit, read, list, cancel, wait, and advancing a task after changes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_reach.errors import ErrorCode
+from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
+from agent_reach.states import (
+    TERMINAL_STEP_STATES,
+    TERMINAL_TASK_STATES,
+    StepStatus,
+    TaskStatus,
+    Transition,
+    derive_task_status,
+    target,
+)
+from agent_reach_controller.db.engine import Database
+from agent_reach_controller.planning.plan import Plan
+from agent_reach_controller.state import store
+from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
+from agent_reach_controller.state.notifier import Notifier
+from agent_reach_controller.state.outcomes import terminal_values
+from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
+from agent_reach_controller.state.registry import ToolRegistry
+
+
+class TaskNotFoundError(LookupError):
+    """No task with that id (for this principal)."""
+
+
+class IdempotencyConflictError(Exception):
+    """The Idempotency-Key was already used with a different request body."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"Idempotency-Key already used for task {task_id} with a different body")
+        self.task_id = task_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitInput:
+    plan: Plan
+    request: dict[str, Any]
+    principal: str = "anonymous"
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    parent_span_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskView:
+    task: TaskRow
+    steps: list[StepRow]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advanced:
+    """What an advance pass changed, for wake-ups."""
+
+    ready_connectors: set[str]
+    finished_tasks: set[str]
+
+
+def request_hash(body: Any) -> str:
+    """A stable fingerprint of a request body (key order and spacing do not matter)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class TaskService:
+    """Everything that creates tasks or moves them forward outside of executor reports."""
+
+    def __init__(self, *, db: Database, registry: ToolRegistry, notifier: Notifier) -> None:
+        self._db = db
+        self._registry = registry
+        self._notifier = notifier
+
+    async def submit(self, data: SubmitInput) -> tuple[TaskView, bool]:
+        """Persist a validated plan and make its first steps ready. Returns (task, created)."""
+        now = datetime.now(UTC)
+        task_id = new_task_id()
+        async with self._db.transaction() as conn:
+            if data.idempotency_key is not None:
+                stored_hash, stored_task = await store.claim_idempotency_key(
+                    conn,
+                    dialect=self._db.dialect,
+                    row={
+                        "principal": data.principal,
+                        "key": data.idempotency_key,
+                        "request_hash": request_hash(data.request),
+                        "task_id": task_id,
+                        "created_at": now,
+                    },
+                )
+                if stored_task != task_id:
+                    if stored_hash != request_hash(data.request):
+                        raise IdempotencyConflictError(stored_task)
+                    return await self._view(conn, stored_task), False
+            trace_id = data.trace_id or new_trace_id()
+            await store.insert_task(conn, _task_row(data, task_id=task_id, trace_id=trace_id, now=now))
+            await store.insert_steps(conn, _step_rows(data.plan, task_id, trace_id, now, self._registry))
+            await store.append_events(
+                conn,
+                [
+                    store.NewEvent(
+                        task_id=task_id,
+                        kind="task_created",
+                        to_status=TaskStatus.PENDING,
+                        data={"goal": data.plan.goal, "source": data.plan.source,
+                              "steps": len(data.plan.steps), "principal": data.principal},
+                        created_at=now,
+                    )
+                ],
+            )
+            advanced = await self.advance(conn, [task_id], now=now)
+            await self._notifier.publish(
+                conn, connectors=advanced.ready_connectors, tasks=advanced.finished_tasks
+            )
+            view = await self._view(conn, task_id)
+        await self._notifier.after_commit()
+        return view, True
+
+    async def advance(
+        self, conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
+    ) -> Advanced:
+        """Unblock, skip or fail what the current step states allow; settle task statuses."""
+        ids = sorted(set(task_ids))
+        await store.lock_tasks(conn, ids)
+        tasks = await store.load_tasks(conn, ids)
+        by_task: dict[str, list[StepRow]] = defaultdict(list)
+        for step in await store.load_steps(conn, ids):
+            by_task[step.task_id].append(step)
+        await self._registry.ensure((s.tool, s.tool_version) for s in by_task_steps(by_task))
+        result = Advanced(ready_connectors=set(), finished_tasks=set())
+        for task_id in ids:
+            task = tasks.get(task_id)
+            if task is None:
+                continue
+            steps = by_task[task_id]
+            changes = decide_unblocks(
+                AdvanceInput(steps=steps, context=task.context, tool_of=self._registry.get, now=now)
+            )
+            statuses = {s.step_id: s.status for s in steps}
+            for change in changes:
+                if await store.change_step(conn, change, now=now):
+                    statuses[change.step.step_id] = target(change.transition)
+                    if change.transition is Transition.UNBLOCK:
+                        result.ready_connectors.add(change.step.connector)
+            await self._settle(conn, task, list(statuses.values()), now=now, result=result)
+        return result
+
+    async def _settle(
+        self,
+        conn: AsyncConnection,
+        task: TaskRow,
+        statuses: list[StepStatus],
+        *,
+        now: datetime,
+        result: Advanced,
+    ) -> None:
+        new = derive_task_status(statuses, cancelled=task.cancel_requested)
+        if task.status in TERMINAL_TASK_STATES or new == task.status:
+            return
+        if new == TaskStatus.PENDING and task.status == TaskStatus.RUNNING:
+            return  # a retry moved every step back to ready: the task is still running
+        await store.set_task_status(conn, task, new, now=now)
+        if new in TERMINAL_TASK_STATES:
+            result.finished_tasks.add(task.task_id)
+
+    async def get(self, task_id: str) -> TaskView:
+        async with self._db.transaction() as conn:
+            return await self._view(conn, task_id)
+
+    async def list(
+        self, *, status: str | None = None, before: str | None = None, limit: int = 50
+    ) -> list[TaskRow]:
+        async with self._db.transaction() as conn:
+            return await store.list_tasks(conn, status=status, before=before, limit=limit)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
+        async with self._db.transaction() as conn:
+            if await store.load_task(conn, task_id) is None:
+                raise TaskNotFoundError(task_id)
+            return await store.load_events(conn, task_id, after=after, limit=limit)
+
+    async def cancel(self, task_id: str, *, reason: str = "cancelled by request") -> TaskView:
+        """Cancel every step not yet finished; running ones learn it from their heartbeat."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            await store.lock_tasks(conn, [task_id])
+            task = await store.load_task(conn, task_id)
+            if task is None:
+                raise TaskNotFoundError(task_id)
+            if task.status not in TERMINAL_TASK_STATES:
+                await store.request_cancel(conn, task_id, now=now)
+                steps = await store.load_steps(conn, [task_id])
+                await self._registry.ensure((s.tool, s.tool_version) for s in steps)
+                error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
+                for step in steps:
+                    if step.status in TERMINAL_STEP_STATES:
+                        continue
+                    tool = self._registry.get(step.tool, step.tool_version)
+                    values = terminal_values(
+                        step, tool=tool, transition=Transition.CANCEL, now=now, error=error
+                    )
+                    await store.change_step(
+                        conn, StepChange(step=step, transition=Transition.CANCEL, values=values),
+                        now=now,
+                    )
+                advanced = await self.advance(conn, [task_id], now=now)
+                await self._notifier.publish(conn, tasks=advanced.finished_tasks)
+            view = await self._view(conn, task_id)
+        await self._notifier.after_commit()
+        return view
+
+    async def wait(self, task_id: str, *, timeout: float) -> TaskView:
+        """The task once it is terminal, or as it stands when `timeout` runs out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            since = self._notifier.generation()
+            view = await self.get(task_id)
+            remaining = deadline - loop.time()
+            if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
+                return view
+            # The cap is a safety net for a missed wake-up, not the normal path.
+            await self._notifier.wait(since, min(remaining, 1.0))
+
+    async def _view(self, conn: AsyncConnection, task_id: str) -> TaskView:
+        task = await store.load_task(conn, task_id)
+        if task is None:
+            raise TaskNotFoundError(task_id)
+        return TaskView(task=task, steps=await store.load_steps(conn, [task_id]))
+
+
+def by_task_steps(by_task: dict[str, list[StepRow]]) -> Iterable[StepRow]:
+    for steps in by_task.values():
+        yield from steps
+
+
+def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "trace_id": trace_id,
+        "parent_span_id": data.parent_span_id,
+        "status": TaskStatus.PENDING,
+        "principal": data.principal,
+        "goal": data.plan.goal,
+        "source": data.plan.source,
+        "request": data.request,
+        "context": data.plan.context,
+        "cancel_requested": False,
+        "version": 1,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _step_rows(
+    plan: Plan, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
+) -> list[dict[str, Any]]:
+    rows = []
+    for step in plan.steps:
+        tool = registry.get(step.tool, step.tool_version)
+        rows.append(
+            {
+                "task_id": task_id,
+                "step_id": step.step_id,
+                "position": step.position,
+                "trace_id": trace_id,
+                "tool": step.tool,
+                "tool_version": step.tool_version,
+                "connector": tool.connector,
+                "args": step.args,
+                "depends_on": list(step.depends_on),
+                "when_expr": step.when,
+                "status": StepStatus.BLOCKED,
+                "attempt": 1,
+                "max_attempts": tool.retry.maximum_attempts,
+                "idempotency_key": step_idempotency_key(task_id, step.step_id),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    return rows

@@ -1,0 +1,308 @@
+"""Tool specifications loaded from YAML, their retry policy, and catalog exports for models."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any, Literal
+
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_OPENAI_NAME_MAX = 64
+
+
+def parse_duration(value: Any) -> Any:
+    """Seconds from a number or a string such as "500ms", "2s", "1m", "1h".
+
+    Anything else is returned unchanged so that pydantic reports the type error.
+    """
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"invalid duration {value!r}; use seconds or e.g. '500ms', '2s', '1m'")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+
+
+class RetryPolicy(BaseModel):
+    """How often and how far apart a failed step is tried again (durations in seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    initial_interval: Seconds = 1.0
+    backoff_coefficient: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
+    maximum_interval: Seconds = 60.0
+    maximum_attempts: int = Field(default=3, ge=1)
+    non_retryable_error_types: list[str] = Field(default_factory=list)
+    jitter: bool = True
+
+    @model_validator(mode="after")
+    def _interval_order(self) -> RetryPolicy:
+        if self.maximum_interval < self.initial_interval:
+            raise ValueError("maximum_interval must be >= initial_interval")
+        return self
+
+
+def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
+    """Seconds to wait before attempt `attempt + 1` after attempt `attempt` (1-based) failed.
+
+    The delay is min(maximum_interval, initial_interval * backoff_coefficient ** (attempt - 1));
+    with jitter it is drawn uniformly from [0, that] ("full jitter", which spreads retries of
+    many clients best). Written by hand rather than with tenacity/backoff: those libraries sleep
+    in the caller, whereas a step's backoff must be a durable `not_before` timestamp computed by
+    the controller so that a retry survives restarts and runs on any executor.
+    """
+    if attempt < 1:
+        raise ValueError("attempt is 1-based")
+    try:
+        ceiling = policy.initial_interval * policy.backoff_coefficient ** (attempt - 1)
+    except OverflowError:
+        ceiling = policy.maximum_interval
+    delay = min(policy.maximum_interval, ceiling)
+    if policy.jitter:
+        return (rng or random.Random()).uniform(0.0, delay)
+    return delay
+
+
+def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ValueError(
+            f"not a valid JSON Schema (Draft 2020-12) at {where}: {exc.message}"
+        ) from None
+    return schema
+
+
+class ToolSpec(BaseModel):
+    """One tool: a named, configured use of a connector, as the model and the executor see it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{0,127}$")
+    description: str = Field(min_length=1)
+    connector: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    output: list[str] | None = None
+    timeout: Seconds = 30.0
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    risk: Literal["read", "write", "dangerous"] = "read"
+    idempotent: bool = False
+    enabled: bool = True
+
+    @field_validator("input_schema")
+    @classmethod
+    def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_json_schema(value)
+
+    @cached_property
+    def version(self) -> str:
+        """First 12 hex chars of the sha256 of the spec's canonical JSON."""
+        canonical = json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def openai_name(name: str) -> str:
+    """The function name a tool has in OpenAI/Anthropic tool lists (only [a-zA-Z0-9_-]{1,64}).
+
+    '.' becomes '_'; a name still longer than 64 characters keeps its first 55 characters plus
+    '_' and 8 hex chars of its sha256. The catalog refuses two tools with the same mapped name,
+    so the mapping can always be reversed.
+    """
+    mapped = name.replace(".", "_")
+    if len(mapped) <= _OPENAI_NAME_MAX:
+        return mapped
+    return f"{mapped[:55]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+class ToolFileError(Exception):
+    """Tool definitions could not be loaded; `errors` lists every problem found, one per line."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(tool)"
+
+
+def _validate_entries(
+    source: str, key: str, entries: list[Any]
+) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
+    specs: list[tuple[ToolSpec, str]] = []
+    errors: list[str] = []
+    for index, entry in enumerate(entries):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, dict):
+            errors.append(f"{source}: {where}: expected a mapping, got {type(entry).__name__}")
+            continue
+        name = entry.get("name")
+        label = f"tool {name!r} ({where})" if isinstance(name, str) else where
+        try:
+            specs.append((ToolSpec.model_validate(entry), where))
+        except ValidationError as exc:
+            errors.extend(
+                f"{source}: {label}: {_field_path(err['loc'])}: {err['msg']}"
+                for err in exc.errors()
+            )
+    return specs, errors
+
+
+def _entries_of(source: str, document: Any) -> tuple[str, list[Any]] | str:
+    if isinstance(document, list):
+        return "tools", document
+    if isinstance(document, dict):
+        unknown = sorted(str(k) for k in document if k != "tools")
+        if unknown:
+            return f"{source}: unknown top-level keys: {', '.join(unknown)}"
+        tools = document.get("tools")
+        if isinstance(tools, list):
+            return "tools", tools
+        return f"{source}: 'tools' must be a list of tool definitions"
+    return f"{source}: expected a mapping with 'tools' or a list of tools"
+
+
+def _load_file(path: Path) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
+    source = str(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return [], [f"{source}: cannot read tool file: {exc}"]
+    found = _entries_of(source, document)
+    if isinstance(found, str):
+        return [], [found]
+    key, entries = found
+    return _validate_entries(source, key, entries)
+
+
+class ToolCatalog(Mapping[str, ToolSpec]):
+    """An immutable mapping of tool name to ToolSpec, with exports for model APIs."""
+
+    __slots__ = ("_by_openai", "_tools")
+
+    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+        """Build a catalog; raises ToolFileError on duplicate names or colliding OpenAI names."""
+        tools: dict[str, ToolSpec] = {}
+        by_openai: dict[str, str] = {}
+        errors: list[str] = []
+        for spec in specs:
+            if spec.name in tools:
+                errors.append(f"tool {spec.name!r}: duplicate tool name")
+                continue
+            mapped = openai_name(spec.name)
+            if mapped in by_openai:
+                errors.append(
+                    f"tool {spec.name!r}: its OpenAI name {mapped!r} is also that of tool "
+                    f"{by_openai[mapped]!r}"
+                )
+                continue
+            tools[spec.name] = spec
+            by_openai[mapped] = spec.name
+        if errors:
+            raise ToolFileError(errors)
+        self._tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
+        self._by_openai: Mapping[str, str] = MappingProxyType(by_openai)
+
+    @classmethod
+    def from_yaml_files(cls, paths: Iterable[str | Path]) -> ToolCatalog:
+        """Load every file (`tools: [...]` or a top-level list); all errors are raised at once."""
+        errors: list[str] = []
+        specs: list[ToolSpec] = []
+        first_seen: dict[str, str] = {}
+        for path in paths:
+            loaded, file_errors = _load_file(Path(path))
+            errors.extend(file_errors)
+            for spec, where in loaded:
+                if spec.name in first_seen:
+                    errors.append(
+                        f"{path}: tool {spec.name!r} ({where}): duplicate tool name "
+                        f"(first defined in {first_seen[spec.name]})"
+                    )
+                    continue
+                first_seen[spec.name] = f"{path} {where}"
+                specs.append(spec)
+        if errors:
+            raise ToolFileError(errors)
+        return cls(specs)
+
+    def __getitem__(self, name: str) -> ToolSpec:
+        return self._tools[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __repr__(self) -> str:
+        return f"ToolCatalog({sorted(self._tools)!r})"
+
+    def names(self) -> list[str]:
+        """Tool names in definition order."""
+        return list(self._tools)
+
+    def resolve_openai_name(self, name: str) -> str | None:
+        """The tool name for a function name from a model (mapped or the real dotted name)."""
+        if name in self._tools:
+            return name
+        return self._by_openai.get(name)
+
+    def _exported(self, include_disabled: bool) -> list[ToolSpec]:
+        return [spec for spec in self._tools.values() if include_disabled or spec.enabled]
+
+    def to_openai(self, *, include_disabled: bool = False) -> list[dict[str, Any]]:
+        """Chat-completions `tools` entries; names mapped by `openai_name`."""
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": openai_name(spec.name),
+                    "description": spec.description,
+                    "parameters": spec.input_schema,
+                },
+            }
+            for spec in self._exported(include_disabled)
+        ]
+
+    def to_anthropic(self, *, include_disabled: bool = False) -> list[dict[str, Any]]:
+        """Anthropic Messages `tools` entries; names mapped by `openai_name`."""
+        return [
+            {
+                "name": openai_name(spec.name),
+                "description": spec.description,
+                "input_schema": spec.input_schema,
+            }
+            for spec in self._exported(include_disabled)
+        ]

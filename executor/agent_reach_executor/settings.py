@@ -1,0 +1,41 @@
+"""Executor settings, read from `AGENT_REACH_EXECUTOR_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_executor_id() -> str:
+    """`host-pid-xxxx`: unique per process, readable in controller logs."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class ExecutorSettings(BaseSettings):
+    """How one executor process connects, how much it runs at once and how it shuts down."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_REACH_EXECUTOR_", frozen=True)
+
+    controller: str = Field(default="127.0.0.1:50051", description="Controller gRPC host:port.")
+    slots: PositiveInt = Field(default=8, description="Steps run at once.")
+    connectors: list[str] | None = Field(
+        default=None, description="Connector names to host; None hosts every discovered one."
+    )
+    executor_id: str = Field(default_factory=default_executor_id)
+    poll_wait: PositiveFloat = Field(default=10.0, description="Long-poll wait, in seconds.")
+    drain_grace: float = Field(
+        default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."
+    )
+    reconnect_initial: PositiveFloat = Field(default=0.1, description="First backoff, seconds.")
+    reconnect_maximum: PositiveFloat = Field(default=5.0, description="Backoff cap, seconds.")
+    report_batch_max: PositiveInt = Field(default=256, description="Results per ReportResults.")
+    rpc_timeout: PositiveFloat = Field(
+        default=10.0, description="Deadline of Register, Heartbeat and ReportResults, seconds."
+    )
+    default_step_timeout: PositiveFloat = Field(
+        default=300.0, description="Timeout of a step whose assignment carries none, seconds."
+    )

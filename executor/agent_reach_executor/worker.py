@@ -1,0 +1,395 @@
+"""The executor loop: register, long-poll for steps, heartbeat leases, report results, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from agent_reach_executor.client import (
+    Assignment,
+    Backoff,
+    ControllerClient,
+    ControllerError,
+    LeaseKey,
+    Registration,
+    ResultAck,
+    StepResult,
+)
+from agent_reach_executor.runner import StepRunner
+from agent_reach_executor.settings import ExecutorSettings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A long-poll answers after its wait; the call deadline leaves this much room for the network.
+_POLL_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerStats:
+    """A snapshot of the worker's counters."""
+
+    steps_started: int
+    steps_finished: int
+    results_accepted: int
+    results_rejected: int
+    results_pending: int
+    in_flight: int
+
+
+@dataclass(slots=True)
+class _Held:
+    """A lease this executor holds: running (`task` set) or finished and awaiting its ack."""
+
+    assignment: Assignment
+    task: asyncio.Task[StepResult] | None
+
+
+async def _until_stopped(stop: asyncio.Event, awaitable: Awaitable[T]) -> T | None:
+    """Await `awaitable` unless `stop` is set first, in which case cancel it and return None."""
+    work = asyncio.ensure_future(awaitable)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait({work})  # let it unwind; a result that won the race still counts
+    if work.cancelled():
+        return None
+    return work.result()
+
+
+async def _sleep_unless_stopped(stop: asyncio.Event, delay: float) -> bool:
+    """Sleep `delay` seconds; False when `stop` was set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=delay)
+    except TimeoutError:
+        return True
+    return False
+
+
+class Worker:
+    """Runs leased steps in a fixed number of slots until `stop` is set, then drains.
+
+    Results are never dropped while the process lives unless the controller cancels the step or
+    reports its lease lost; the controller rejects results for leases that expired meanwhile.
+    """
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        runner: StepRunner,
+        *,
+        connectors: Sequence[str],
+        settings: ExecutorSettings,
+        version: str = "0",
+    ) -> None:
+        self._client = client
+        self._runner = runner
+        self._connectors = list(connectors)
+        self._settings = settings
+        self._version = version
+        self._registration = Registration(
+            lease_s=30.0, heartbeat_interval_s=10.0, max_poll_wait_s=settings.poll_wait
+        )
+        self._held: dict[LeaseKey, _Held] = {}
+        self._running: set[asyncio.Task[StepResult]] = set()
+        self._slot_freed = asyncio.Event()
+        self._pending: list[StepResult] = []
+        self._results_ready = asyncio.Event()
+        self._reports_idle = asyncio.Event()
+        self._reports_idle.set()
+        self._counts = {"started": 0, "finished": 0, "accepted": 0, "rejected": 0}
+
+    @property
+    def stats(self) -> WorkerStats:
+        return WorkerStats(
+            steps_started=self._counts["started"],
+            steps_finished=self._counts["finished"],
+            results_accepted=self._counts["accepted"],
+            results_rejected=self._counts["rejected"],
+            results_pending=len(self._pending),
+            in_flight=len(self._running),
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set, then drain: finish or cancel in-flight steps, flush results."""
+        reporter = asyncio.create_task(self._report_loop(), name="executor-reporter")
+        heartbeats: asyncio.Task[None] | None = None
+        try:
+            if not await self._register(stop):
+                return
+            heartbeats = asyncio.create_task(self._heartbeat_loop(), name="executor-heartbeat")
+            await self._poll_loop(stop)
+            await self._drain()
+        finally:
+            leftovers = [t for t in (reporter, heartbeats, *self._running) if t is not None]
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(
+            initial=self._settings.reconnect_initial, maximum=self._settings.reconnect_maximum
+        )
+
+    # -- registration and polling -----------------------------------------------------------------
+
+    async def _register(self, stop: asyncio.Event) -> bool:
+        """Register, retrying with backoff while the controller is unavailable; False on stop."""
+        backoff = self._backoff()
+        while not stop.is_set():
+            try:
+                registration = await self._client.register(
+                    self._connectors,
+                    slots=self._settings.slots,
+                    version=self._version,
+                    deadline_s=self._settings.rpc_timeout,
+                )
+            except ControllerError as exc:
+                if not await _sleep_unless_stopped(stop, self._log_failure(exc, backoff)):
+                    return False
+                continue
+            self._registration = registration.with_defaults(poll_wait=self._settings.poll_wait)
+            log.info(
+                "executor %s registered with %s: connectors %s, %d slots, lease %.1fs",
+                self._client.executor_id,
+                self._settings.controller,
+                ",".join(self._connectors),
+                self._settings.slots,
+                self._registration.lease_s,
+                extra={"event": "executor_registered", "executor_id": self._client.executor_id},
+            )
+            return True
+        return False
+
+    async def _poll_loop(self, stop: asyncio.Event) -> None:
+        backoff = self._backoff()
+        while not stop.is_set():
+            free = self._settings.slots - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await _until_stopped(stop, self._slot_freed.wait())
+                continue
+            wait_s = min(self._settings.poll_wait, self._registration.max_poll_wait_s)
+            poll = self._client.poll_steps(
+                self._connectors, max_steps=free, wait_s=wait_s, deadline_s=wait_s + _POLL_MARGIN_S
+            )
+            try:
+                assignments = await _until_stopped(stop, poll)
+            except ControllerError as exc:
+                if not await _sleep_unless_stopped(stop, self._log_failure(exc, backoff)):
+                    return
+                # The controller may have restarted or forgotten us: announce ourselves again.
+                if not await self._register(stop):
+                    return
+                continue
+            backoff.reset()
+            for assignment in assignments or ():
+                self._start(assignment)
+
+    def _log_failure(self, exc: ControllerError, backoff: Backoff) -> float:
+        """Log one failed call to the controller; returns the delay before the next try."""
+        delay = backoff.next_delay()
+        log.log(
+            logging.WARNING if exc.transient else logging.ERROR,
+            "controller %s: %s failed (%s: %s); retry %d in %.2fs",
+            self._settings.controller,
+            exc.method,
+            exc.code,
+            exc.details,
+            backoff.failures,
+            delay,
+            extra={"event": "controller_unavailable", "method": exc.method, "code": exc.code},
+        )
+        return delay
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    def _start(self, assignment: Assignment) -> None:
+        task = asyncio.create_task(
+            self._runner.run(assignment),
+            name=f"step-{assignment.task_id}-{assignment.step_id}-{assignment.lease.attempt}",
+        )
+        self._held[assignment.lease] = _Held(assignment=assignment, task=task)
+        self._running.add(task)
+        self._counts["started"] += 1
+        task.add_done_callback(partial(self._on_step_done, assignment.lease))
+
+    def _on_step_done(self, lease: LeaseKey, task: asyncio.Task[StepResult]) -> None:
+        self._running.discard(task)
+        self._slot_freed.set()
+        held = self._held.get(lease)
+        if held is None or held.task is not task:
+            return  # dropped: cancelled or lost, nothing to report
+        held.task = None
+        if task.cancelled():
+            # Cancelled by the drain: the lease expires on the controller, which re-runs the step.
+            del self._held[lease]
+            return
+        exc = task.exception()
+        if exc is not None:
+            del self._held[lease]
+            log.error(
+                "runner failed on %s/%s; the lease will expire and the step run again",
+                held.assignment.task_id,
+                held.assignment.step_id,
+                exc_info=exc,
+                extra=held.assignment.log_extra("runner_failed"),
+            )
+            return
+        self._counts["finished"] += 1
+        self._pending.append(task.result())
+        self._reports_idle.clear()
+        self._results_ready.set()
+
+    def _drop(self, lease: LeaseKey, *, reason: str) -> None:
+        """Stop a step the controller no longer wants, and forget its result."""
+        held = self._held.pop(lease, None)
+        if held is None:
+            return
+        if held.task is not None:
+            held.task.cancel()
+        self._pending = [r for r in self._pending if r.lease != lease]
+        log.info(
+            "step %s/%s %s by the controller; stopping it and reporting nothing",
+            held.assignment.task_id,
+            held.assignment.step_id,
+            reason,
+            extra={**held.assignment.log_extra("step_dropped"), "reason": reason},
+        )
+
+    # -- heartbeats -------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        failing_since: float | None = None
+        while True:
+            await asyncio.sleep(self._registration.heartbeat_interval_s)
+            leases = list(self._held)
+            if not leases:
+                continue
+            try:
+                # An answer later than half a lease is worthless: give up and try the next beat.
+                deadline_s = min(self._settings.rpc_timeout, self._registration.lease_s / 2)
+                reply = await self._client.heartbeat(leases, deadline_s=deadline_s)
+            except ControllerError as exc:
+                failing_since = failing_since or time.monotonic()
+                self._log_heartbeat_failure(exc, failing_for=time.monotonic() - failing_since)
+                continue
+            failing_since = None
+            for lease in reply.cancelled:
+                self._drop(lease, reason="cancelled")
+            for lease in reply.lost:
+                self._drop(lease, reason="lost")
+
+    def _log_heartbeat_failure(self, exc: ControllerError, *, failing_for: float) -> None:
+        # Past the lease the controller has probably re-queued our steps. Keep working anyway:
+        # a late result is rejected as stale, an early drop would waste work that may still count.
+        expired = failing_for > self._registration.lease_s
+        log.warning(
+            "heartbeat failed for %.1fs (%s: %s)%s",
+            failing_for,
+            exc.code,
+            exc.details,
+            "; leases have probably expired, results will still be reported" if expired else "",
+            extra={"event": "controller_unavailable", "method": exc.method, "code": exc.code},
+        )
+
+    # -- reports ----------------------------------------------------------------------------------
+
+    async def _report_loop(self) -> None:
+        """Report results in batches: whatever accumulated during the previous call goes next."""
+        backoff = self._backoff()
+        cap = self._settings.report_batch_max
+        while True:
+            await self._results_ready.wait()
+            batch, self._pending = self._pending[:cap], self._pending[cap:]
+            if not batch:
+                self._results_ready.clear()
+                self._reports_idle.set()
+                continue
+            try:
+                acks = await self._client.report_results(
+                    batch, deadline_s=self._settings.rpc_timeout
+                )
+            except ControllerError as exc:
+                # Keep them (minus any the controller dropped meanwhile) and retry.
+                self._pending[:0] = [r for r in batch if r.lease in self._held]
+                await asyncio.sleep(self._log_failure(exc, backoff))
+                continue
+            backoff.reset()
+            self._apply_acks(batch, acks)
+
+    def _apply_acks(self, batch: Sequence[StepResult], acks: Sequence[ResultAck]) -> None:
+        if len(acks) != len(batch):
+            log.warning(
+                "controller answered %d acks for %d results",
+                len(acks),
+                len(batch),
+                extra={"event": "result_ack_mismatch"},
+            )
+        by_lease = {ack.lease: ack for ack in acks}
+        for result in batch:
+            held = self._held.pop(result.lease, None)
+            ack = by_lease.get(result.lease)
+            if ack is not None and ack.accepted:
+                self._counts["accepted"] += 1
+                continue
+            self._counts["rejected"] += 1
+            reason = ack.reason if ack is not None else "no ack"
+            extra = held.assignment.log_extra("result_rejected") if held else {}
+            log.info(
+                "result for step_key %d attempt %d rejected: %s",
+                result.lease.step_key,
+                result.lease.attempt,
+                reason,
+                extra={**extra, "event": "result_rejected", "reason": reason},
+            )
+
+    # -- drain ------------------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        grace = self._settings.drain_grace
+        running = set(self._running)
+        log.info(
+            "draining: %d steps in flight, %.1fs grace",
+            len(running),
+            grace,
+            extra={"event": "drain_started", "in_flight": len(running)},
+        )
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace)
+            if late:
+                log.warning(
+                    "cancelling %d steps still running after the %.1fs grace; their leases will "
+                    "expire on the controller and the steps will run again elsewhere",
+                    len(late),
+                    grace,
+                    extra={"event": "drain_cancelled", "cancelled": len(late)},
+                )
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+        flush_s = max(grace, self._settings.rpc_timeout)
+        try:
+            await asyncio.wait_for(self._reports_idle.wait(), timeout=flush_s)
+        except TimeoutError:
+            log.error(
+                "%d results not delivered within %.1fs; their steps will run again",
+                len(self._pending),
+                flush_s,
+                extra={"event": "results_undelivered", "count": len(self._pending)},
+            )
+        log.info(
+            "drain finished: %d started, %d finished, %d accepted, %d rejected",
+            *(self._counts[k] for k in ("started", "finished", "accepted", "rejected")),
+            extra={"event": "drain_finished"},
+        )

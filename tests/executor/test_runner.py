@@ -1,0 +1,189 @@
+"""StepRunner: one assignment through one connector, every outcome classified."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from agent_reach_connectors.base import ConnectorError, ToolCall
+from agent_reach_executor.client import Assignment, LeaseKey, StepResult
+from agent_reach_executor.runner import StepRunner
+from tests.executor.fake_controller import FnConnector
+
+CANARY = "canary-b41d-secret"
+
+
+def assignment(**overrides: Any) -> Assignment:
+    values: dict[str, Any] = {
+        "lease": LeaseKey(step_key=7, attempt=2),
+        "task_id": "task-9",
+        "step_id": "lookup",
+        "tool": "order.query",
+        "connector": "fn",
+        "config_json": b'{"url": "https://x/${env:TOKEN}"}',
+        "args_json": b'{"order_id": 42}',
+        "idempotency_key": "task-9:lookup",
+        "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "timeout_ms": 2_000,
+        "lease_expires_at_ms": 0,
+        "max_attempts": 3,
+    }
+    return Assignment(**(values | overrides))
+
+
+async def run_with(fn: Callable[[ToolCall], Awaitable[Any]], **overrides: Any) -> StepResult:
+    return await StepRunner({"fn": FnConnector("fn", fn)}).run(assignment(**overrides))
+
+
+async def test_success_builds_the_call_and_encodes_the_output() -> None:
+    async def ok(call: ToolCall) -> Any:
+        return {"status": "shipped", "id": call.args["order_id"]}
+
+    connector = FnConnector("fn", ok)
+    ticks = iter([1_000, 1_250])
+    runner = StepRunner({"fn": connector}, clock=lambda: next(ticks))
+    result = await runner.run(assignment())
+    assert result.succeeded
+    assert json.loads(result.output_json) == {"status": "shipped", "id": 42}
+    assert (result.started_at_ms, result.finished_at_ms) == (1_000, 1_250)
+    assert result.lease == LeaseKey(step_key=7, attempt=2)
+    call = connector.calls[0]
+    assert call.args == {"order_id": 42}
+    assert call.config == {"url": "https://x/${env:TOKEN}"}  # resolved by the connector, not here
+    assert call.timeout_s == 2.0
+    assert (call.attempt, call.max_attempts) == (2, 3)
+    assert call.idempotency_key == "task-9:lookup"
+    assert call.traceparent.startswith("00-0af7651916cd43dd8448eb211c80319c-")
+
+
+async def test_connector_error_is_carried_field_by_field() -> None:
+    async def unavailable(call: ToolCall) -> Any:
+        raise ConnectorError(
+            "downstream_unavailable",
+            "order service returned 503",
+            retry_after=1.5,
+            maybe_applied=True,
+        )
+
+    result = await run_with(unavailable)
+    assert result.failure is not None
+    assert result.failure.code == "downstream_unavailable"
+    assert result.failure.message == "order service returned 503"
+    assert result.failure.retryable  # the code's default class
+    assert result.failure.retry_after_s == 1.5
+    assert result.failure.maybe_applied
+    assert result.output_json == b""
+
+
+async def test_timeout_cancels_the_connector_and_says_so() -> None:
+    cancelled = asyncio.Event()
+
+    async def hang(call: ToolCall) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    result = await run_with(hang, timeout_ms=50)
+    assert cancelled.is_set()
+    assert result.failure is not None
+    assert result.failure.code == "timeout"
+    assert result.failure.message == "order.query did not finish within 0.05s"
+    assert result.failure.retryable
+    assert result.failure.maybe_applied
+
+
+async def test_a_connectors_own_timeout_error_is_a_crash_not_our_timeout() -> None:
+    async def own_timeout(call: ToolCall) -> Any:
+        raise TimeoutError(CANARY)
+
+    result = await run_with(own_timeout)
+    assert result.failure is not None
+    assert result.failure.code == "connector_error"
+    assert result.failure.message == "order.query: TimeoutError"
+
+
+async def test_crash_is_classified_without_its_text(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def crash(call: ToolCall) -> Any:
+        raise KeyError(f"token={CANARY}")
+
+    result = await run_with(crash)
+    assert result.failure is not None
+    assert result.failure.code == "connector_error"
+    assert result.failure.message == "order.query: KeyError"
+    assert not result.failure.retryable
+    assert CANARY not in caplog.text
+    records: list[Any] = [
+        r for r in caplog.records if getattr(r, "event", None) == "connector_crashed"
+    ]
+    (record,) = records
+    assert record.levelno == logging.ERROR
+    assert (record.task_id, record.step_id) == ("task-9", "lookup")
+    assert record.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    assert "test_runner.py" in record.getMessage()  # the frames are kept
+
+
+async def test_unknown_connector_is_connector_unavailable() -> None:
+    result = await StepRunner({}).run(assignment(connector="mcp"))
+    assert result.failure is not None
+    assert result.failure.code == "connector_unavailable"
+    assert result.failure.retryable
+
+
+async def test_output_that_is_not_json_fails_the_step() -> None:
+    async def opaque(call: ToolCall) -> Any:
+        return object()
+
+    result = await run_with(opaque)
+    assert result.failure is not None
+    assert result.failure.code == "connector_error"
+    assert not result.failure.retryable
+
+
+@pytest.mark.parametrize(
+    ("field", "raw", "code"),
+    [
+        ("args_json", b"{not json", "invalid_arguments"),
+        ("args_json", b"[1, 2]", "invalid_arguments"),
+        ("config_json", b"\xff", "connector_error"),
+    ],
+)
+async def test_undecodable_payloads_fail_without_calling_the_connector(
+    field: str, raw: bytes, code: str
+) -> None:
+    connector = FnConnector("fn", lambda call: asyncio.sleep(0))
+    result = await StepRunner({"fn": connector}).run(assignment(**{field: raw}))
+    assert result.failure is not None
+    assert result.failure.code == code
+    assert not connector.calls
+
+
+async def test_missing_timeout_uses_the_default() -> None:
+    async def hang(call: ToolCall) -> Any:
+        await asyncio.Event().wait()
+
+    runner = StepRunner({"fn": FnConnector("fn", hang)}, default_timeout_s=0.05)
+    result = await runner.run(assignment(timeout_ms=0))
+    assert result.failure is not None
+    assert result.failure.code == "timeout"
+
+
+async def test_step_started_and_finished_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def ok(call: ToolCall) -> Any:
+        return None
+
+    await run_with(ok)
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events == ["step_started", "step_finished"]
+    assert getattr(caplog.records[1], "outcome", None) == "succeeded"

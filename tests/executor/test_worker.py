@@ -1,0 +1,367 @@
+"""The worker loop against a real gRPC fake controller on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from agent_reach.v1 import executor_pb2 as pb
+from agent_reach_connectors.base import ToolCall
+
+# Submodule imports: they work whether or not the editable install predates the package's
+# __init__.py (which makes it a namespace package until the project is reinstalled).
+from agent_reach_executor.__main__ import run_executor
+from agent_reach_executor.client import ControllerClient
+from agent_reach_executor.runner import StepRunner
+from agent_reach_executor.settings import ExecutorSettings
+from agent_reach_executor.worker import Worker
+from tests.executor.fake_controller import FakeController, FnConnector, Probe
+
+CANARY = "canary-7f3a9c-secret"
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    """Poll `predicate` until it holds; fail the test after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.01)
+
+
+def make_settings(target: str, **overrides: Any) -> ExecutorSettings:
+    values: dict[str, Any] = {
+        "controller": target,
+        "executor_id": "exec-test",
+        "slots": 4,
+        "poll_wait": 0.2,
+        "drain_grace": 2.0,
+        "reconnect_initial": 0.02,
+        "reconnect_maximum": 0.2,
+        "rpc_timeout": 2.0,
+    }
+    return ExecutorSettings(**(values | overrides))
+
+
+@dataclass
+class Running:
+    worker: Worker
+    stop: asyncio.Event
+    run: asyncio.Task[None]
+
+
+@asynccontextmanager
+async def running_worker(
+    fake: FakeController, connectors: dict[str, Any], **overrides: Any
+) -> AsyncIterator[Running]:
+    settings = make_settings(fake.target, **overrides)
+    async with ControllerClient(
+        settings.controller,
+        executor_id=settings.executor_id,
+        reconnect_initial=settings.reconnect_initial,
+        reconnect_maximum=settings.reconnect_maximum,
+    ) as client:
+        worker = Worker(
+            client, StepRunner(connectors), connectors=list(connectors), settings=settings
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            yield Running(worker=worker, stop=stop, run=task)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeController]:
+    controller = FakeController()
+    await controller.start()
+    yield controller
+    await controller.stop()
+
+
+def events_of(caplog: pytest.LogCaptureFixture, event: str) -> Callable[[], list[Any]]:
+    """A live view of the captured records of one `event` (attributes typed loosely)."""
+    return lambda: [r for r in caplog.records if getattr(r, "event", None) == event]
+
+
+def failure_of(fake: FakeController, key: tuple[int, int]) -> pb.StepError:
+    result = fake.results[key]
+    assert result.outcome == pb.OUTCOME_FAILED
+    return result.error
+
+
+async def test_runs_up_to_slots_concurrently_and_batches_reports(fake: FakeController) -> None:
+    probe = Probe()
+    keys = [fake.enqueue(connector="probe", args={"n": i}) for i in range(12)]
+    async with running_worker(fake, {"probe": FnConnector("probe", probe)}, slots=4) as running:
+        worker = running.worker
+        await wait_until(lambda: probe.running == 4)
+        assert worker.stats.in_flight == 4
+        assert all(p.request.max_steps <= 4 for p in fake.polls)
+        probe.release.set()
+        await wait_until(lambda: len(fake.results) == 12)
+        await wait_until(lambda: worker.stats.results_accepted == 12)
+    assert probe.peak == 4
+    assert fake.registrations[0].slots == 4
+    assert list(fake.registrations[0].connectors) == ["probe"]
+    assert len(fake.report_calls) < 12  # results that finish together share a call
+    assert len(fake.all_reports()) == 12  # and none is reported twice
+    for i, key in enumerate(keys):
+        result = fake.results[key]
+        assert result.outcome == pb.OUTCOME_SUCCEEDED
+        assert json.loads(result.output_json)["args"] == {"n": i}
+        assert 0 < result.started_at_ms <= result.finished_at_ms
+    assert worker.stats.steps_finished == 12
+    assert worker.stats.results_rejected == 0
+
+
+async def test_batches_are_capped_by_report_batch_max(fake: FakeController) -> None:
+    probe = Probe()
+    probe.release.set()
+    keys = [fake.enqueue(connector="probe") for _ in range(9)]
+    connectors = {"probe": FnConnector("probe", probe)}
+    async with running_worker(fake, connectors, slots=9, report_batch_max=2):
+        await wait_until(lambda: len(fake.results) == len(keys))
+    assert max(len(call.results) for call in fake.report_calls) == 2
+
+
+async def test_rejected_results_are_counted_and_logged(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    probe = Probe()
+    probe.release.set()
+    key = fake.enqueue(connector="probe")
+    fake.reject[key] = "stale_lease"
+    async with running_worker(fake, {"probe": FnConnector("probe", probe)}) as running:
+        worker = running.worker
+        await wait_until(lambda: worker.stats.results_rejected == 1)
+    (record,) = events_of(caplog, "result_rejected")()
+    assert record.levelno == logging.INFO
+    assert (record.reason, record.step_id, record.task_id) == ("stale_lease", "s1", "task-1")
+    assert worker.stats.results_accepted == 0
+    assert len(fake.report_calls) == 1  # a rejection is final, not retried
+
+
+async def test_timeout_is_reported_as_retryable_and_maybe_applied(fake: FakeController) -> None:
+    never = Probe()
+    key = fake.enqueue(connector="slow", tool="slow.call", timeout_ms=100)
+    async with running_worker(fake, {"slow": FnConnector("slow", never)}):
+        await wait_until(lambda: key in fake.results)
+    error = failure_of(fake, key)
+    assert error.code == "timeout"
+    assert error.message == "slow.call did not finish within 0.1s"
+    assert error.retryable
+    assert error.maybe_applied
+    assert never.cancelled == ["s1"]
+
+
+async def test_connector_error_fields_reach_the_controller(fake: FakeController) -> None:
+    from agent_reach_connectors.base import ConnectorError
+
+    async def limited(call: ToolCall) -> Any:
+        raise ConnectorError("rate_limited", "slow down", retry_after=2.5, maybe_applied=True)
+
+    key = fake.enqueue(connector="rl")
+    async with running_worker(fake, {"rl": FnConnector("rl", limited)}):
+        await wait_until(lambda: key in fake.results)
+    error = failure_of(fake, key)
+    assert (error.code, error.message, error.retryable) == ("rate_limited", "slow down", True)
+    assert error.retry_after_s == 2.5
+    assert error.maybe_applied
+
+
+async def test_crash_text_never_reaches_reports_or_logs(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def crash(call: ToolCall) -> Any:
+        raise RuntimeError(f"connect to postgres://admin:{CANARY}@db failed")
+
+    key = fake.enqueue(connector="crash", tool="db.query")
+    async with running_worker(fake, {"crash": FnConnector("crash", crash)}):
+        await wait_until(lambda: key in fake.results)
+    error = failure_of(fake, key)
+    assert error.code == "connector_error"
+    assert error.message == "db.query: RuntimeError"
+    assert not error.retryable
+    for call in fake.report_calls:
+        assert CANARY.encode() not in call.SerializeToString()
+    assert CANARY not in caplog.text
+    assert all(CANARY not in str(vars(record)) for record in caplog.records)
+    crashed = [r for r in caplog.records if getattr(r, "event", None) == "connector_crashed"]
+    assert len(crashed) == 1
+    assert crashed[0].levelno == logging.ERROR
+    assert "in crash" in crashed[0].getMessage()  # where it was raised is kept
+
+
+@pytest.mark.parametrize("verdict", ["cancelled", "lost"])
+async def test_heartbeat_verdict_stops_the_step_and_drops_its_result(
+    fake: FakeController, verdict: str
+) -> None:
+    probe = Probe()
+    doomed = fake.enqueue(connector="probe")
+    async with running_worker(fake, {"probe": FnConnector("probe", probe)}) as running:
+        worker = running.worker
+        await wait_until(lambda: probe.started == ["s1"])
+        await wait_until(
+            lambda: any(
+                (lease.step_key, lease.attempt) == doomed
+                for hb in fake.heartbeats
+                for lease in hb.leases
+            )
+        )
+        (fake.to_cancel if verdict == "cancelled" else fake.to_lose).add(doomed)
+        await wait_until(lambda: probe.cancelled == ["s1"])
+        probe.release.set()
+        follower = fake.enqueue(connector="probe")  # a later step proves the reporter ran
+        await wait_until(lambda: follower in fake.results)
+        assert worker.stats.in_flight == 0
+    reported = {(r.lease.step_key, r.lease.attempt) for r in fake.all_reports()}
+    assert doomed not in reported
+    assert worker.stats.steps_finished == 1
+
+
+async def test_executor_waits_for_a_controller_that_starts_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    fake = FakeController()
+    port = await fake.start()
+    await fake.stop()  # keep the port, lose the server
+    connector = FnConnector("echo", _echo)
+    stop = asyncio.Event()
+    run = asyncio.create_task(
+        run_executor(
+            make_settings(fake.target),
+            connectors={"echo": connector},
+            stop=stop,
+            handle_signals=False,
+        )
+    )
+    try:
+        failures = events_of(caplog, "controller_unavailable")
+        await wait_until(lambda: len(failures()) >= 3)
+        assert connector.started
+        assert not fake.registrations
+        await fake.start(port)
+        key = fake.enqueue(connector="echo", args={"x": 1})
+        await wait_until(lambda: key in fake.results)
+        assert json.loads(fake.results[key].output_json) == {"x": 1}
+        assert len(fake.registrations) == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+        await fake.stop()
+    assert connector.closed
+    assert any(getattr(r, "event", None) == "executor_registered" for r in caplog.records)
+
+
+async def _echo(call: ToolCall) -> Any:
+    return dict(call.args)
+
+
+async def test_results_survive_a_controller_restart(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    probe = Probe()
+    keys = [fake.enqueue(connector="probe", args={"n": i}) for i in range(3)]
+    async with running_worker(fake, {"probe": FnConnector("probe", probe)}) as running:
+        worker = running.worker
+        await wait_until(lambda: probe.running == 3)
+        await fake.stop()
+        probe.release.set()
+        await wait_until(lambda: worker.stats.results_pending == 3 and probe.running == 0)
+        failed = events_of(caplog, "controller_unavailable")
+        await wait_until(lambda: sum(r.method == "ReportResults" for r in failed()) >= 2)
+        assert not fake.results
+        await fake.start(fake.port)
+        await wait_until(lambda: all(k in fake.results for k in keys))
+        await wait_until(lambda: len(fake.registrations) >= 2)  # it re-registered
+        late = fake.enqueue(connector="probe", args={"n": 3})
+        await wait_until(lambda: late in fake.results)  # and polls it again
+        assert worker.stats.results_accepted == 4
+
+
+async def test_drain_finishes_in_flight_work_and_stops_polling(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def slow(call: ToolCall) -> Any:
+        await asyncio.sleep(0.3)
+        return "done"
+
+    key = fake.enqueue(connector="slow")
+    async with running_worker(fake, {"slow": FnConnector("slow", slow)}) as running:
+        await wait_until(lambda: running.worker.stats.in_flight == 1)
+        stopped_at = time.monotonic()
+        running.stop.set()
+        await asyncio.wait_for(running.run, 5)
+    assert fake.results[key].outcome == pb.OUTCOME_SUCCEEDED
+    assert json.loads(fake.results[key].output_json) == "done"
+    assert all(p.at <= stopped_at for p in fake.polls)
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.index("drain_started") < events.index("step_finished")
+    assert events.index("step_finished") < events.index("drain_finished")
+
+
+async def test_drain_cancels_steps_that_outlive_the_grace(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    probe = Probe()
+    key = fake.enqueue(connector="probe")
+    connectors = {"probe": FnConnector("probe", probe)}
+    async with running_worker(fake, connectors, drain_grace=0.3) as running:
+        await wait_until(lambda: probe.running == 1)
+        began = time.monotonic()
+        running.stop.set()
+        await asyncio.wait_for(running.run, 5)
+        took = time.monotonic() - began
+    assert probe.cancelled == ["s1"]
+    assert 0.25 <= took < 2.0
+    assert key not in fake.results
+    assert not fake.report_calls
+    assert "run again elsewhere" in caplog.text
+    assert running.worker.stats.in_flight == 0
+
+
+async def test_sigterm_drains_the_executor(fake: FakeController) -> None:
+    probe = Probe()
+    key = fake.enqueue(connector="probe")
+    connectors: dict[str, Any] = {"probe": FnConnector("probe", probe)}
+    run = asyncio.create_task(run_executor(make_settings(fake.target), connectors=connectors))
+    await wait_until(lambda: probe.running == 1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(0)  # let the handler run before the step is released
+    probe.release.set()
+    await asyncio.wait_for(run, 5)
+    assert key in fake.results  # run_executor returned, so the signal set its stop event
+    # The handler was removed again: the default disposition is back.
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler)
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_REACH_EXECUTOR_SLOTS", "3")
+    monkeypatch.setenv("AGENT_REACH_EXECUTOR_CONNECTORS", '["http", "python"]')
+    settings = ExecutorSettings()
+    assert settings.slots == 3
+    assert settings.connectors == ["http", "python"]
+    assert settings.poll_wait == 10.0
+    assert settings.report_batch_max == 256
+    assert settings.executor_id != ExecutorSettings().executor_id  # random suffix per instance

@@ -1,0 +1,191 @@
+"""The state machine end to end through the use cases, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agent_reach.states import StepStatus, TaskStatus
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.tasks import IdempotencyConflictError, SubmitInput
+from tests.integration.stack import components_for, failed, ok, write_tools
+
+
+async def submit(c: Components, body: dict, *, key: str | None = None):
+    view, created = await c.tasks.submit(
+        SubmitInput(plan=parse_plan(body, c.catalog), request=body, idempotency_key=key)
+    )
+    return view, created
+
+
+def chain_plan(when: str = "steps.a.output.go == true") -> dict:
+    return {
+        "goal": "two steps",
+        "steps": [
+            {"step_id": "a", "tool": "echo.say", "args": {"text": "hi"}},
+            {
+                "step_id": "b",
+                "tool": "echo.say",
+                "depends_on": ["a"],
+                "when": when,
+                "args": {"text": "$a.output.word"},
+            },
+        ],
+    }
+
+
+async def run_all(c: Components, outputs: dict[str, object], *, executor: str = "x1") -> None:
+    """Claim and succeed ready steps until none are left, answering with `outputs[step_id]`."""
+    for _ in range(20):
+        claimed = await c.dispatch.claim(executor_id=executor, connectors=["echo"], limit=10)
+        if not claimed:
+            return
+        acks = await c.dispatch.report(
+            executor_id=executor, results=[ok(s, outputs[s.step_id]) for s in claimed]
+        )
+        assert all(a.accepted for a in acks)
+    raise AssertionError("steps kept coming")
+
+
+async def test_dependant_runs_with_resolved_reference(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, chain_plan())
+        assert [s.status for s in view.steps] == [StepStatus.READY, StepStatus.BLOCKED]
+        claimed = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=10)
+        assert [s.step_id for s in claimed] == ["a"]
+        await c.dispatch.report(executor_id="x1", results=[ok(claimed[0], {"go": True, "word": "yo"})])
+        claimed = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=10)
+        assert [s.step_id for s in claimed] == ["b"]
+        assert claimed[0].resolved_args == {"text": "yo"}
+        await c.dispatch.report(executor_id="x1", results=[ok(claimed[0], {"said": "yo"})])
+        final = await c.tasks.get(view.task.task_id)
+        assert final.task.status is TaskStatus.SUCCEEDED
+        assert [s.receipt["status"] for s in final.steps] == ["succeeded", "succeeded"]
+        assert final.steps[1].receipt["meta"]["idempotency_key"] == f"{view.task.task_id}:b"
+
+
+async def test_false_condition_skips_and_task_succeeds(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, chain_plan())
+        await run_all(c, {"a": {"go": False, "word": "no"}})
+        final = await c.tasks.get(view.task.task_id)
+        assert [s.status for s in final.steps] == [StepStatus.SUCCEEDED, StepStatus.SKIPPED]
+        assert final.steps[1].receipt["error"]["code"] == "condition_false"
+        assert final.task.status is TaskStatus.SUCCEEDED
+
+
+async def test_failure_skips_dependants_and_fails_task(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, chain_plan())
+        claimed = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=10)
+        await c.dispatch.report(
+            executor_id="x1", results=[failed(claimed[0], "invalid_arguments", retryable=False)]
+        )
+        final = await c.tasks.get(view.task.task_id)
+        assert [s.status for s in final.steps] == [StepStatus.FAILED, StepStatus.SKIPPED]
+        assert final.steps[1].receipt["error"]["code"] == "dependency_failed"
+        assert final.task.status is TaskStatus.FAILED
+
+
+async def test_reference_to_missing_field_fails_with_receipt(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, chain_plan(when="true"))
+        await run_all(c, {"a": {"go": True}})  # no "word": $a.output.word cannot resolve
+        final = await c.tasks.get(view.task.task_id)
+        assert final.steps[1].status is StepStatus.FAILED
+        assert final.steps[1].receipt["error"]["code"] == "invalid_arguments"
+        assert "word" in final.steps[1].receipt["error"]["message"]
+
+
+async def test_resolved_arguments_are_checked_against_schema(database_url: str, tmp_path: Path) -> None:
+    body = {
+        "steps": [
+            {"step_id": "a", "tool": "echo.say", "args": {}},
+            {"step_id": "b", "tool": "echo.count", "depends_on": ["a"], "args": {"n": "$a.output"}},
+        ]
+    }
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, body)
+        await run_all(c, {"a": "not a number"})
+        final = await c.tasks.get(view.task.task_id)
+        assert final.steps[1].status is StepStatus.FAILED
+        assert final.steps[1].receipt["error"]["code"] == "invalid_arguments"
+
+
+async def test_retryable_error_retries_with_durable_backoff(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        for attempt in (1, 2, 3):
+            claimed = await c.dispatch.poll(executor_id="x1", connectors=["echo"], limit=1, wait=5)
+            assert [s.attempt for s in claimed] == [attempt]
+            await c.dispatch.report(
+                executor_id="x1", results=[failed(claimed[0], "downstream_unavailable", retryable=True)]
+            )
+        final = await c.tasks.get(view.task.task_id)
+        step = final.steps[0]
+        assert step.status is StepStatus.FAILED
+        assert step.receipt["meta"]["attempts"] == 3
+        assert "after 3 attempts" in step.receipt["error"]["message"]
+        kinds = [e.kind for e in await c.tasks.events(view.task.task_id) if e.step_id == "a"]
+        assert kinds == ["unblock", "lease", "retry", "lease", "retry", "lease", "fail"]
+
+
+async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path), lease_seconds=0.2) as c:
+        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        first = (await c.dispatch.claim(executor_id="slow", connectors=["echo"], limit=1))[0]
+        await asyncio.sleep(0.3)  # let the lease run out (the thing under test is expiry)
+        assert await c.dispatch.reap_expired() == 1
+        second = (await c.dispatch.poll(executor_id="fast", connectors=["echo"], limit=1, wait=5))[0]
+        assert second.attempt == first.attempt + 1
+        late = await c.dispatch.report(executor_id="slow", results=[ok(first, {"from": "slow"})])
+        assert [a.accepted for a in late] == [False]
+        assert late[0].reason == "stale_lease"
+        fresh = await c.dispatch.report(executor_id="fast", results=[ok(second, {"from": "fast"})])
+        assert [a.accepted for a in fresh] == [True]
+        final = await c.tasks.get(view.task.task_id)
+        assert final.steps[0].output == {"from": "fast"}
+        assert c.dispatch.counters.results_rejected == 1
+
+
+async def test_heartbeat_extends_and_reports_cancellation(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        step = (await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=1))[0]
+        beat = await c.dispatch.heartbeat(executor_id="x1", leases=[(step.id, step.attempt)])
+        assert beat.extended == [(step.id, step.attempt)]
+        other = await c.dispatch.heartbeat(executor_id="x2", leases=[(step.id, step.attempt)])
+        assert other.lost == [(step.id, step.attempt)]
+        cancelled = await c.tasks.cancel(view.task.task_id)
+        assert cancelled.task.status is TaskStatus.CANCELLED
+        beat = await c.dispatch.heartbeat(executor_id="x1", leases=[(step.id, step.attempt)])
+        assert beat.cancelled == [(step.id, step.attempt)]
+        late = await c.dispatch.report(executor_id="x1", results=[ok(step, {})])
+        assert [a.accepted for a in late] == [False]
+        assert (await c.tasks.get(view.task.task_id)).steps[0].receipt["status"] == "cancelled"
+
+
+async def test_idempotency_key_same_body_same_task(database_url: str, tmp_path: Path) -> None:
+    body = chain_plan()
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        first, created = await submit(c, body, key="k-1")
+        again, created_again = await submit(c, body, key="k-1")
+        assert created and not created_again
+        assert again.task.task_id == first.task.task_id
+        other = chain_plan(when="true")
+        with pytest.raises(IdempotencyConflictError) as info:
+            await submit(c, other, key="k-1")
+        assert info.value.task_id == first.task.task_id
+        assert len(await c.tasks.list()) == 1
+
+
+async def test_wait_returns_when_terminal(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        waiter = asyncio.create_task(c.tasks.wait(view.task.task_id, timeout=10))
+        await run_all(c, {"a": {"ok": True}})
+        done = await asyncio.wait_for(waiter, 10)
+        assert done.task.status is TaskStatus.SUCCEEDED
