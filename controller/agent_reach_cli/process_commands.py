@@ -116,7 +116,7 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
             run_executor(
                 ExecutorSettings(controller=bound.grpc, slots=slots, drain_grace=5.0),
                 stop=executor_stop,
-                install_signal_handlers=False,
+                handle_signals=False,
             ),
             name="executor",
         )

@@ -1,0 +1,190 @@
+"""The REST API over the real app and a real database: shapes, problems and status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_reach_controller.api.app import create_app
+from agent_reach_controller.runtime import Components
+from tests.integration.stack import components_for, ok, write_tools
+
+PLAN = {
+    "goal": "say twice",
+    "steps": [
+        {"step_id": "a", "tool": "echo.say", "args": {"text": "hi"}},
+        {"step_id": "b", "tool": "echo.say", "depends_on": ["a"], "args": {"text": "$a.output.text"}},
+    ],
+}
+
+
+@contextlib.asynccontextmanager
+async def api(url: str, tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Components]]:
+    async with components_for(url, write_tools(tmp_path), **settings) as c:
+        transport = httpx.ASGITransport(app=create_app(c))
+        async with httpx.AsyncClient(transport=transport, base_url="http://reach.test") as client:
+            yield client, c
+
+
+async def work_off(c: Components, *, rounds: int = 10) -> None:
+    """Act as an executor: succeed every ready step, echoing its arguments."""
+    for _ in range(rounds):
+        claimed = await c.dispatch.poll(executor_id="t", connectors=["echo"], limit=10, wait=2)
+        if not claimed:
+            return
+        await c.dispatch.report(executor_id="t", results=[ok(s, s.resolved_args) for s in claimed])
+
+
+async def test_submit_then_get_and_events(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path) as (client, c):
+        response = await client.post("/v1/tasks", json=PLAN)
+        assert response.status_code == 202
+        accepted = response.json()
+        assert set(accepted) == {"task_id", "trace_id", "status"}
+        assert len(accepted["trace_id"]) == 32
+        await work_off(c)
+        task = (await client.get(f"/v1/tasks/{accepted['task_id']}")).json()
+        assert task["status"] == "succeeded"
+        assert [s["receipt"]["data"] for s in task["steps"]] == [{"text": "hi"}, {"text": "hi"}]
+        events = (await client.get(f"/v1/tasks/{accepted['task_id']}/events")).json()["events"]
+        assert events[0]["kind"] == "task_created"
+        assert events[-1]["to_status"] == "succeeded"
+
+
+async def test_wait_returns_full_task_when_done(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path) as (client, c):
+        worker = asyncio.create_task(work_off(c))
+        response = await client.post("/v1/tasks", params={"wait": 10}, json=PLAN)
+        await worker
+        assert response.status_code == 200
+        assert response.json()["status"] == "succeeded"
+
+
+async def test_openai_tool_calls_get_tool_messages(sqlite_url: str, tmp_path: Path) -> None:
+    body = {
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "echo_say", "arguments": '{"text": "one"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "echo.say", "arguments": '{"text": "two"}'}},
+        ]
+    }
+    async with api(sqlite_url, tmp_path) as (client, c):
+        worker = asyncio.create_task(work_off(c))
+        response = await client.post("/v1/tasks", params={"wait": 10}, json=body)
+        await worker
+        messages = response.json()["tool_messages"]
+        assert [m["tool_call_id"] for m in messages] == ["call_1", "call_2"]
+        assert all(m["role"] == "tool" for m in messages)
+        assert '"succeeded"' in messages[0]["content"] and "one" in messages[0]["content"]
+
+
+async def test_invalid_plan_lists_every_problem_and_persists_nothing(sqlite_url: str, tmp_path: Path) -> None:
+    body = {
+        "steps": [
+            {"step_id": "a", "tool": "nope.tool", "args": {}},
+            {"step_id": "a", "tool": "echo.say", "depends_on": ["ghost"], "args": {"text": 5}},
+        ]
+    }
+    async with api(sqlite_url, tmp_path) as (client, _):
+        response = await client.post("/v1/tasks", json=body)
+        assert response.status_code == 422
+        assert response.headers["content-type"] == "application/problem+json"
+        problem = response.json()
+        codes = {(e["code"], e["pointer"]) for e in problem["errors"]}
+        assert ("unknown_tool", "/steps/0/tool") in codes
+        assert ("duplicate_step_id", "/steps/1/step_id") in codes
+        assert ("unknown_dependency", "/steps/1/depends_on/0") in codes
+        assert ("invalid_arguments", "/steps/1/args/text") in codes
+        assert (await client.get("/v1/tasks")).json()["tasks"] == []
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b'{"steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": NaN}}]}', 400, "invalid_json"),
+        (b"[]", 422, "invalid_plan"),
+        (b'"text"', 422, "invalid_plan"),
+    ],
+)
+async def test_bad_bodies_get_specific_problems(
+    sqlite_url: str, tmp_path: Path, content: bytes, status: int, code: str
+) -> None:
+    async with api(sqlite_url, tmp_path) as (client, _):
+        response = await client.post("/v1/tasks", content=content, headers={"content-type": "application/json"})
+        assert response.status_code == status
+        assert response.json()["code"] == code
+
+
+async def test_body_over_limit_is_413(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path, max_body_bytes=1000) as (client, _):
+        big = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {"text": "x" * 2000}}]}
+        response = await client.post("/v1/tasks", json=big)
+        assert response.status_code == 413
+        assert response.json()["code"] == "too_large"
+
+
+async def test_idempotency_key(database_url: str, tmp_path: Path) -> None:
+    async with api(database_url, tmp_path) as (client, _):
+        headers = {"Idempotency-Key": "order-42"}
+        first = await client.post("/v1/tasks", json=PLAN, headers=headers)
+        again = await client.post("/v1/tasks", json=PLAN, headers=headers)
+        assert first.json()["task_id"] == again.json()["task_id"]
+        changed = {**PLAN, "goal": "something else"}
+        conflict = await client.post("/v1/tasks", json=changed, headers=headers)
+        assert conflict.status_code == 409
+        assert conflict.json()["task_id"] == first.json()["task_id"]
+
+
+async def test_traceparent_is_continued(sqlite_url: str, tmp_path: Path) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    async with api(sqlite_url, tmp_path) as (client, _):
+        response = await client.post(
+            "/v1/tasks", json=PLAN, headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}
+        )
+        assert response.json()["trace_id"] == trace
+
+
+async def test_unknown_task_is_404_problem(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path) as (client, _):
+        for path in ("/v1/tasks/nope", "/v1/tasks/nope/events"):
+            response = await client.get(path)
+            assert response.status_code == 404
+            assert response.json()["code"] == "not_found"
+        assert (await client.post("/v1/tasks/nope/cancel")).status_code == 404
+
+
+async def test_cancel_and_list_filters(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path) as (client, _):
+        ids = [(await client.post("/v1/tasks", json=PLAN)).json()["task_id"] for _ in range(3)]
+        cancelled = await client.post(f"/v1/tasks/{ids[0]}/cancel")
+        assert cancelled.json()["status"] == "cancelled"
+        assert {s["status"] for s in cancelled.json()["steps"]} == {"cancelled"}
+        page = (await client.get("/v1/tasks", params={"status": "cancelled"})).json()
+        assert [t["task_id"] for t in page["tasks"]] == [ids[0]]
+        first = (await client.get("/v1/tasks", params={"limit": 2})).json()
+        assert [t["task_id"] for t in first["tasks"]] == [ids[2], ids[1]]
+        rest = (await client.get("/v1/tasks", params={"limit": 2, "before": first["next_before"]})).json()
+        assert [t["task_id"] for t in rest["tasks"]] == [ids[0]]
+        bad = await client.get("/v1/tasks", params={"limit": 0})
+        assert bad.status_code == 422
+        assert bad.json()["errors"][0]["pointer"] == "/query/limit"
+
+
+async def test_tools_catalogue_formats_and_health(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path) as (client, _):
+        native = (await client.get("/v1/tools")).json()["tools"]
+        assert {t["name"] for t in native} == {"echo.say", "echo.count"}
+        openai = (await client.get("/v1/tools", params={"format": "openai"})).json()
+        assert {t["function"]["name"] for t in openai} == {"echo_say", "echo_count"}
+        assert all(t["type"] == "function" for t in openai)
+        anthropic = (await client.get("/v1/tools", params={"format": "anthropic"})).json()
+        assert {"name", "description", "input_schema"} <= set(anthropic[0])
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/openapi.json")).status_code == 200
