@@ -43,7 +43,11 @@ def submit(args: argparse.Namespace) -> int:
         headers["Idempotency-Key"] = args.idempotency_key
     params = {"wait": args.wait} if args.wait else None
     response = _request(
-        "POST", f"{_url(args)}/v1/tasks", content=text, headers=headers, params=params,
+        "POST",
+        f"{_url(args)}/v1/tasks",
+        content=text,
+        headers=headers,
+        params=params,
         timeout=30.0 + args.wait,
     )
     return 2 if response is None else _print(response)

@@ -52,7 +52,7 @@ class _DemoHandler(BaseHTTPRequestHandler):
     reminders: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         return
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
@@ -63,7 +63,7 @@ class _DemoHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         parts = urlsplit(self.path)
         if parts.path != "/forecast":
             self._send(404, {"error": "not found"})
@@ -72,7 +72,7 @@ class _DemoHandler(BaseHTTPRequestHandler):
         rain, summary = FORECASTS.get(city.lower(), (False, "Clear skies, no rain expected"))
         self._send(200, {"city": city, "day": "tomorrow", "rain": rain, "summary": summary})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if urlsplit(self.path).path != "/reminders":
             self._send(404, {"error": "not found"})
             return

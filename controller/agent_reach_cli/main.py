@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("controller", process_commands.controller, "run a controller (REST + gRPC)")
     _add_controller_flags(p, dev=False)
     p = add("executor", process_commands.executor, "run an executor that pulls steps over gRPC")
-    p.add_argument("--controller", help="controller gRPC HOST:PORT (AGENT_REACH_EXECUTOR_CONTROLLER)")
+    p.add_argument(
+        "--controller", help="controller gRPC HOST:PORT (AGENT_REACH_EXECUTOR_CONTROLLER)"
+    )
     p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
     p.add_argument("--connectors", help="comma-separated connector names (default: all installed)")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
@@ -68,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("tools", client_commands.tools, "list the controller's tools"),
     ):
         p = add(name, handler, help_)
-        p.add_argument("--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)")
+        p.add_argument(
+            "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
+        )
         if name == "submit":
             p.add_argument("file")
             p.add_argument("--wait", type=float, default=0, help="seconds to wait for the end")

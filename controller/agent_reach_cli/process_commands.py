@@ -40,8 +40,16 @@ def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
     from agent_reach_controller.settings import ControllerSettings
 
     values = _given(
-        args, "http", "grpc", "tools", "database_url", "redis_url", "lease_seconds",
-        "ready_file", "log_format", "migrate",
+        args,
+        "http",
+        "grpc",
+        "tools",
+        "database_url",
+        "redis_url",
+        "lease_seconds",
+        "ready_file",
+        "log_format",
+        "migrate",
     )
     values.update(overrides)
     return ControllerSettings(**values)
@@ -84,7 +92,7 @@ def migrate(args: argparse.Namespace) -> int:
 def _ensure_sqlite_dir(url: str) -> None:
     prefix = "sqlite:///"
     if url.startswith(prefix) and ":memory:" not in url:
-        Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len(prefix) :]).parent.mkdir(parents=True, exist_ok=True)
 
 
 def dev(args: argparse.Namespace) -> int:

@@ -49,7 +49,9 @@ def _bind(address: str) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def running_controller(settings: ControllerSettings) -> AsyncIterator[tuple[Components, Bound]]:
+async def running_controller(
+    settings: ControllerSettings,
+) -> AsyncIterator[tuple[Components, Bound]]:
     """Start everything; on exit, stop taking requests and shut down within a grace period."""
     components = await open_components(settings)
     http_sock = _bind(settings.http)

@@ -47,9 +47,7 @@ def write_tools(directory: Path, tools: list[dict[str, Any]] | None = None) -> P
 
 
 @contextlib.asynccontextmanager
-async def components_for(
-    url: str, tools_file: Path, **settings: Any
-) -> AsyncIterator[Components]:
+async def components_for(url: str, tools_file: Path, **settings: Any) -> AsyncIterator[Components]:
     opened = await open_components(
         ControllerSettings(database_url=url, tools=[tools_file], **settings)
     )
@@ -63,7 +61,9 @@ def ok(step: StepRow, output: Any) -> AttemptResult:
     return AttemptResult(step_key=step.id, attempt=step.attempt, output=output)
 
 
-def failed(step: StepRow, code: str, *, retryable: bool, attempt: int | None = None) -> AttemptResult:
+def failed(
+    step: StepRow, code: str, *, retryable: bool, attempt: int | None = None
+) -> AttemptResult:
     return AttemptResult(
         step_key=step.id,
         attempt=step.attempt if attempt is None else attempt,

@@ -19,13 +19,20 @@ PLAN = {
     "goal": "say twice",
     "steps": [
         {"step_id": "a", "tool": "echo.say", "args": {"text": "hi"}},
-        {"step_id": "b", "tool": "echo.say", "depends_on": ["a"], "args": {"text": "$a.output.text"}},
+        {
+            "step_id": "b",
+            "tool": "echo.say",
+            "depends_on": ["a"],
+            "args": {"text": "$a.output.text"},
+        },
     ],
 }
 
 
 @contextlib.asynccontextmanager
-async def api(url: str, tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Components]]:
+async def api(
+    url: str, tmp_path: Path, **settings: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Components]]:
     async with components_for(url, write_tools(tmp_path), **settings) as c:
         transport = httpx.ASGITransport(app=create_app(c))
         async with httpx.AsyncClient(transport=transport, base_url="http://reach.test") as client:
@@ -69,8 +76,16 @@ async def test_wait_returns_full_task_when_done(sqlite_url: str, tmp_path: Path)
 async def test_openai_tool_calls_get_tool_messages(sqlite_url: str, tmp_path: Path) -> None:
     body = {
         "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "echo_say", "arguments": '{"text": "one"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "echo.say", "arguments": '{"text": "two"}'}},
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "echo_say", "arguments": '{"text": "one"}'},
+            },
+            {
+                "id": "call_2",
+                "type": "function",
+                "function": {"name": "echo.say", "arguments": '{"text": "two"}'},
+            },
         ]
     }
     async with api(sqlite_url, tmp_path) as (client, c):
@@ -80,10 +95,13 @@ async def test_openai_tool_calls_get_tool_messages(sqlite_url: str, tmp_path: Pa
         messages = response.json()["tool_messages"]
         assert [m["tool_call_id"] for m in messages] == ["call_1", "call_2"]
         assert all(m["role"] == "tool" for m in messages)
-        assert '"succeeded"' in messages[0]["content"] and "one" in messages[0]["content"]
+        assert '"succeeded"' in messages[0]["content"]
+        assert "one" in messages[0]["content"]
 
 
-async def test_invalid_plan_lists_every_problem_and_persists_nothing(sqlite_url: str, tmp_path: Path) -> None:
+async def test_invalid_plan_lists_every_problem_and_persists_nothing(
+    sqlite_url: str, tmp_path: Path
+) -> None:
     body = {
         "steps": [
             {"step_id": "a", "tool": "nope.tool", "args": {}},
@@ -107,7 +125,11 @@ async def test_invalid_plan_lists_every_problem_and_persists_nothing(sqlite_url:
     ("content", "status", "code"),
     [
         (b"{not json", 400, "invalid_json"),
-        (b'{"steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": NaN}}]}', 400, "invalid_json"),
+        (
+            b'{"steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": NaN}}]}',
+            400,
+            "invalid_json",
+        ),
         (b"[]", 422, "invalid_plan"),
         (b'"text"', 422, "invalid_plan"),
     ],
@@ -116,7 +138,9 @@ async def test_bad_bodies_get_specific_problems(
     sqlite_url: str, tmp_path: Path, content: bytes, status: int, code: str
 ) -> None:
     async with api(sqlite_url, tmp_path) as (client, _):
-        response = await client.post("/v1/tasks", content=content, headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/tasks", content=content, headers={"content-type": "application/json"}
+        )
         assert response.status_code == status
         assert response.json()["code"] == code
 
@@ -169,7 +193,9 @@ async def test_cancel_and_list_filters(sqlite_url: str, tmp_path: Path) -> None:
         assert [t["task_id"] for t in page["tasks"]] == [ids[0]]
         first = (await client.get("/v1/tasks", params={"limit": 2})).json()
         assert [t["task_id"] for t in first["tasks"]] == [ids[2], ids[1]]
-        rest = (await client.get("/v1/tasks", params={"limit": 2, "before": first["next_before"]})).json()
+        rest = (
+            await client.get("/v1/tasks", params={"limit": 2, "before": first["next_before"]})
+        ).json()
         assert [t["task_id"] for t in rest["tasks"]] == [ids[0]]
         bad = await client.get("/v1/tasks", params={"limit": 0})
         assert bad.status_code == 422

@@ -1,4 +1,4 @@
-"""Two controllers on one Postgres: no step leased twice, concurrent same-key submits make one task."""
+"""Two controllers on one Postgres: no step leased twice; one task per Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from tests.integration.stack import components_for, ok, write_tools
 async def test_two_controllers_never_lease_a_step_twice(postgres_url: str, tmp_path: Path) -> None:
     tools = write_tools(tmp_path)
     body = {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(300)]}
-    async with components_for(postgres_url, tools) as one, components_for(postgres_url, tools) as two:
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+    ):
         plan = parse_plan(body, one.catalog)
         for _ in range(4):
             await one.tasks.submit(SubmitInput(plan=plan, request=body))
@@ -30,24 +33,33 @@ async def test_two_controllers_never_lease_a_step_twice(postgres_url: str, tmp_p
                 )
                 assert all(a.accepted for a in acks)
 
-        await asyncio.gather(*(drain(c, f"{n}-{i}") for i in range(3) for n, c in (("a", one), ("b", two))))
+        await asyncio.gather(
+            *(drain(c, f"{n}-{i}") for i in range(3) for n, c in (("a", one), ("b", two)))
+        )
         assert len(leased) == 1200
         assert len(set(leased)) == 1200
-        statuses = {t.status for t in await one.tasks.list(limit=10)}
+        statuses = {t.status for t in await one.tasks.list_tasks(limit=10)}
         assert statuses == {"succeeded"}
 
 
-async def test_concurrent_submits_with_one_key_make_one_task(postgres_url: str, tmp_path: Path) -> None:
+async def test_concurrent_submits_with_one_key_make_one_task(
+    postgres_url: str, tmp_path: Path
+) -> None:
     tools = write_tools(tmp_path)
     body = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
-    async with components_for(postgres_url, tools) as one, components_for(postgres_url, tools) as two:
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+    ):
         plan = parse_plan(body, one.catalog)
 
         async def attempt(c):
-            view, _ = await c.tasks.submit(SubmitInput(plan=plan, request=body, idempotency_key="same"))
+            view, _ = await c.tasks.submit(
+                SubmitInput(plan=plan, request=body, idempotency_key="same")
+            )
             return view.task.task_id
 
         ids = await asyncio.gather(*(attempt(c) for c in (one, two) * 5), return_exceptions=True)
         assert not [i for i in ids if isinstance(i, IdempotencyConflictError)]
         assert len({i for i in ids if isinstance(i, str)}) == 1
-        assert len(await one.tasks.list()) == 1
+        assert len(await one.tasks.list_tasks()) == 1

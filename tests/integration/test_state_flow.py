@@ -56,7 +56,9 @@ async def test_dependant_runs_with_resolved_reference(database_url: str, tmp_pat
         assert [s.status for s in view.steps] == [StepStatus.READY, StepStatus.BLOCKED]
         claimed = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=10)
         assert [s.step_id for s in claimed] == ["a"]
-        await c.dispatch.report(executor_id="x1", results=[ok(claimed[0], {"go": True, "word": "yo"})])
+        await c.dispatch.report(
+            executor_id="x1", results=[ok(claimed[0], {"go": True, "word": "yo"})]
+        )
         claimed = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=10)
         assert [s.step_id for s in claimed] == ["b"]
         assert claimed[0].resolved_args == {"text": "yo"}
@@ -90,7 +92,9 @@ async def test_failure_skips_dependants_and_fails_task(database_url: str, tmp_pa
         assert final.task.status is TaskStatus.FAILED
 
 
-async def test_reference_to_missing_field_fails_with_receipt(database_url: str, tmp_path: Path) -> None:
+async def test_reference_to_missing_field_fails_with_receipt(
+    database_url: str, tmp_path: Path
+) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
         view, _ = await submit(c, chain_plan(when="true"))
         await run_all(c, {"a": {"go": True}})  # no "word": $a.output.word cannot resolve
@@ -100,7 +104,9 @@ async def test_reference_to_missing_field_fails_with_receipt(database_url: str, 
         assert "word" in final.steps[1].receipt["error"]["message"]
 
 
-async def test_resolved_arguments_are_checked_against_schema(database_url: str, tmp_path: Path) -> None:
+async def test_resolved_arguments_are_checked_against_schema(
+    database_url: str, tmp_path: Path
+) -> None:
     body = {
         "steps": [
             {"step_id": "a", "tool": "echo.say", "args": {}},
@@ -115,14 +121,17 @@ async def test_resolved_arguments_are_checked_against_schema(database_url: str, 
         assert final.steps[1].receipt["error"]["code"] == "invalid_arguments"
 
 
-async def test_retryable_error_retries_with_durable_backoff(database_url: str, tmp_path: Path) -> None:
+async def test_retryable_error_retries_with_durable_backoff(
+    database_url: str, tmp_path: Path
+) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
         view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
         for attempt in (1, 2, 3):
             claimed = await c.dispatch.poll(executor_id="x1", connectors=["echo"], limit=1, wait=5)
             assert [s.attempt for s in claimed] == [attempt]
             await c.dispatch.report(
-                executor_id="x1", results=[failed(claimed[0], "downstream_unavailable", retryable=True)]
+                executor_id="x1",
+                results=[failed(claimed[0], "downstream_unavailable", retryable=True)],
             )
         final = await c.tasks.get(view.task.task_id)
         step = final.steps[0]
@@ -139,7 +148,9 @@ async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_p
         first = (await c.dispatch.claim(executor_id="slow", connectors=["echo"], limit=1))[0]
         await asyncio.sleep(0.3)  # let the lease run out (the thing under test is expiry)
         assert await c.dispatch.reap_expired() == 1
-        second = (await c.dispatch.poll(executor_id="fast", connectors=["echo"], limit=1, wait=5))[0]
+        second = (await c.dispatch.poll(executor_id="fast", connectors=["echo"], limit=1, wait=5))[
+            0
+        ]
         assert second.attempt == first.attempt + 1
         late = await c.dispatch.report(executor_id="slow", results=[ok(first, {"from": "slow"})])
         assert [a.accepted for a in late] == [False]
@@ -151,7 +162,9 @@ async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_p
         assert c.dispatch.counters.results_rejected == 1
 
 
-async def test_heartbeat_extends_and_reports_cancellation(database_url: str, tmp_path: Path) -> None:
+async def test_heartbeat_extends_and_reports_cancellation(
+    database_url: str, tmp_path: Path
+) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
         view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
         step = (await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=1))[0]
@@ -173,19 +186,20 @@ async def test_idempotency_key_same_body_same_task(database_url: str, tmp_path: 
     async with components_for(database_url, write_tools(tmp_path)) as c:
         first, created = await submit(c, body, key="k-1")
         again, created_again = await submit(c, body, key="k-1")
-        assert created and not created_again
+        assert created
+        assert not created_again
         assert again.task.task_id == first.task.task_id
         other = chain_plan(when="true")
         with pytest.raises(IdempotencyConflictError) as info:
             await submit(c, other, key="k-1")
         assert info.value.task_id == first.task.task_id
-        assert len(await c.tasks.list()) == 1
+        assert len(await c.tasks.list_tasks()) == 1
 
 
 async def test_wait_returns_when_terminal(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
         view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
-        waiter = asyncio.create_task(c.tasks.wait(view.task.task_id, timeout=10))
+        waiter = asyncio.create_task(c.tasks.wait(view.task.task_id, within=10))
         await run_all(c, {"a": {"ok": True}})
         done = await asyncio.wait_for(waiter, 10)
         assert done.task.status is TaskStatus.SUCCEEDED

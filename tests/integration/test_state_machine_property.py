@@ -66,7 +66,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    @rule(size=st.integers(1, 4), chained=st.booleans(), when=st.sampled_from([None, "true", "false"]))
+    @rule(
+        size=st.integers(1, 4), chained=st.booleans(), when=st.sampled_from([None, "true", "false"])
+    )
     def submit(self, size: int, chained: bool, when: str | None) -> None:
         body_steps = []
         for i in range(size):
@@ -77,18 +79,26 @@ class StoreMachine(RuleBasedStateMachine):
                     step["when"] = when
             body_steps.append(step)
         body = {"steps": body_steps}
-        view, _ = self.run(self.c.tasks.submit(SubmitInput(plan=parse_plan(body, self.c.catalog), request=body)))
+        view, _ = self.run(
+            self.c.tasks.submit(SubmitInput(plan=parse_plan(body, self.c.catalog), request=body))
+        )
         self.tasks.append(view.task.task_id)
 
     @rule(limit=st.integers(1, 5))
     def claim(self, limit: int) -> None:
-        self.held.extend(self.run(self.c.dispatch.claim(executor_id="e", connectors=["echo"], limit=limit)))
+        self.held.extend(
+            self.run(self.c.dispatch.claim(executor_id="e", connectors=["echo"], limit=limit))
+        )
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "retryable", "fatal"]))
     def report(self, data: st.DataObject, outcome: str) -> None:
         step = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
-        result = ok(step, {"n": 1}) if outcome == "ok" else failed(step, "boom", retryable=outcome == "retryable")
+        result = (
+            ok(step, {"n": 1})
+            if outcome == "ok"
+            else failed(step, "boom", retryable=outcome == "retryable")
+        )
         self.run(self.c.dispatch.report(executor_id="e", results=[result]))
         self.stale.append(step)
 
@@ -107,7 +117,8 @@ class StoreMachine(RuleBasedStateMachine):
         async def expire() -> None:
             async with self.c.db.transaction() as conn:
                 await conn.execute(
-                    sa.update(steps).where(steps.c.id == step.id, steps.c.status == "running")
+                    sa.update(steps)
+                    .where(steps.c.id == step.id, steps.c.status == "running")
                     .values(lease_expires_at=sa.func.datetime("now", "-1 minute"))
                 )
             await self.c.dispatch.reap_expired()
@@ -125,9 +136,17 @@ class StoreMachine(RuleBasedStateMachine):
     def event_log_is_legal(self) -> None:
         async def read() -> tuple[list[Any], dict[Any, Any]]:
             async with self.c.db.transaction() as conn:
-                rows = (await conn.execute(
-                    sa.select(events).where(events.c.step_id.is_not(None)).order_by(events.c.id)
-                )).mappings().all()
+                rows = (
+                    (
+                        await conn.execute(
+                            sa.select(events)
+                            .where(events.c.step_id.is_not(None))
+                            .order_by(events.c.id)
+                        )
+                    )
+                    .mappings()
+                    .all()
+                )
                 limits = {
                     (r["task_id"], r["step_id"]): (r["attempt"], r["max_attempts"], r["status"])
                     for r in (await conn.execute(sa.select(steps))).mappings()

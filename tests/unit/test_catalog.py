@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from agent_reach_controller.tools import (
     RetryPolicy,
     ToolCatalog,

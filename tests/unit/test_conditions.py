@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from agent_reach_controller.planning import (
     PlanInvalidError,
     PlanLimits,

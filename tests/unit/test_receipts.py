@@ -6,6 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent_reach_controller.receipts import (
     Receipt,
     ReceiptError,
@@ -14,8 +17,6 @@ from agent_reach_controller.receipts import (
     render_for_model,
     render_receipt_dict,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 META = ReceiptMeta(
     tool="order.query",

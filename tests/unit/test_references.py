@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agent_reach_controller.planning.references import (
     MalformedReference,
     Reference,

@@ -20,13 +20,24 @@ from agent_reach.states import (
 
 # The edges of DESIGN.md §2, written out independently of the table they check.
 DESIGN_EDGES = {
-    ("blocked", "ready"), ("blocked", "skipped"), ("blocked", "failed"), ("blocked", "cancelled"),
-    ("ready", "running"), ("ready", "awaiting_approval"), ("ready", "cancelled"),
-    ("running", "succeeded"), ("running", "ready"), ("running", "failed"),
-    ("running", "outcome_unknown"), ("running", "cancelled"),
-    ("awaiting_approval", "ready"), ("awaiting_approval", "rejected"),
+    ("blocked", "ready"),
+    ("blocked", "skipped"),
+    ("blocked", "failed"),
+    ("blocked", "cancelled"),
+    ("ready", "running"),
+    ("ready", "awaiting_approval"),
+    ("ready", "cancelled"),
+    ("running", "succeeded"),
+    ("running", "ready"),
+    ("running", "failed"),
+    ("running", "outcome_unknown"),
+    ("running", "cancelled"),
+    ("awaiting_approval", "ready"),
+    ("awaiting_approval", "rejected"),
     ("awaiting_approval", "cancelled"),
-    ("outcome_unknown", "ready"), ("outcome_unknown", "succeeded"), ("outcome_unknown", "failed"),
+    ("outcome_unknown", "ready"),
+    ("outcome_unknown", "succeeded"),
+    ("outcome_unknown", "failed"),
     ("outcome_unknown", "cancelled"),
 }
 

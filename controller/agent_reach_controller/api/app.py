@@ -50,7 +50,7 @@ tools = APIRouter(prefix="/v1/tools", tags=["tools"])
 @tools.get("", summary="The tool catalogue, natively or as a model's tool list")
 async def list_tools(
     deps: Deps,
-    format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",  # noqa: A002
+    format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",
 ) -> Any:
     if format == "openai":
         return deps.catalog.to_openai()

@@ -35,6 +35,6 @@ def problem_response(
 
 
 def pointer_from_loc(loc: Sequence[str | int]) -> str:
-    """A FastAPI/pydantic error location → an RFC 6901 pointer (`query` and `body` prefixes kept)."""
+    """A FastAPI error location → an RFC 6901 pointer (`query`, `body` prefixes kept)."""
     tokens = [str(t).replace("~", "~0").replace("/", "~1") for t in loc]
     return "/" + "/".join(tokens) if tokens else ""

@@ -102,7 +102,7 @@ async def submit_task(
     headers = {"Location": f"/v1/tasks/{view.task.task_id}"}
     if wait > 0:
         view = await deps.tasks.wait(
-            view.task.task_id, timeout=min(wait, deps.settings.max_wait_seconds)
+            view.task.task_id, within=min(wait, deps.settings.max_wait_seconds)
         )
         status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
         out = task_out(view, budget=deps.settings.receipt_budget_chars)
@@ -129,7 +129,7 @@ async def list_tasks(
     before: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> schemas.TaskPage:
-    rows = await deps.tasks.list(status=status, before=before, limit=limit)
+    rows = await deps.tasks.list_tasks(status=status, before=before, limit=limit)
     return schemas.TaskPage(
         tasks=[
             schemas.TaskSummary(

@@ -14,7 +14,9 @@ import psycopg
 
 from agent_reach_controller.db import migrate
 
-ADMIN_URL = os.environ.get("AGENT_REACH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get(
+    "AGENT_REACH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 
 
 def round_trip(url: str) -> None:

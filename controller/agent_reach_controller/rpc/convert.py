@@ -48,18 +48,16 @@ class BadResultError(ValueError):
 
 
 def result_from_proto(message: pb.StepResult) -> AttemptResult:
-    common = {
-        "step_key": message.lease.step_key,
-        "attempt": message.lease.attempt,
-        "started_at": from_ms(message.started_at_ms),
-        "finished_at": from_ms(message.finished_at_ms),
-    }
+    key, attempt = message.lease.step_key, message.lease.attempt
+    started, finished = from_ms(message.started_at_ms), from_ms(message.finished_at_ms)
     if message.outcome == pb.OUTCOME_SUCCEEDED:
         try:
             output = json.loads(message.output_json) if message.output_json else None
         except ValueError as exc:
             raise BadResultError("output_json is not valid JSON") from exc
-        return AttemptResult(output=output, **common)
+        return AttemptResult(
+            step_key=key, attempt=attempt, output=output, started_at=started, finished_at=finished
+        )
     if message.outcome == pb.OUTCOME_FAILED:
         err = message.error
         return AttemptResult(
@@ -70,6 +68,9 @@ def result_from_proto(message: pb.StepResult) -> AttemptResult:
                 retry_after_s=max(0.0, err.retry_after_s),
                 maybe_applied=err.maybe_applied,
             ),
-            **common,
+            step_key=key,
+            attempt=attempt,
+            started_at=started,
+            finished_at=finished,
         )
     raise BadResultError("outcome must be OUTCOME_SUCCEEDED or OUTCOME_FAILED")

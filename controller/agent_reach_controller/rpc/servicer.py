@@ -35,7 +35,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         self._dispatch = dispatch
         self._registry = registry
 
-    async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterResponse:  # noqa: N802
+    async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterResponse:
         lease_ms = int(self._dispatch.timings.lease.total_seconds() * 1000)
         log.info(
             "executor %s registered: connectors=%s slots=%d",
@@ -50,7 +50,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             max_poll_wait_ms=int(self._dispatch.timings.max_poll_wait * 1000),
         )
 
-    async def PollSteps(self, request: pb.PollStepsRequest, context: Any) -> pb.PollStepsResponse:  # noqa: N802
+    async def PollSteps(self, request: pb.PollStepsRequest, context: Any) -> pb.PollStepsResponse:
         if not request.executor_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "executor_id is required")
         claimed = await self._dispatch.poll(
@@ -61,13 +61,15 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         )
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
         return pb.PollStepsResponse(
-            steps=[assignment_to_proto(s, self._registry.get(s.tool, s.tool_version)) for s in claimed]
+            steps=[
+                assignment_to_proto(s, self._registry.get(s.tool, s.tool_version)) for s in claimed
+            ]
         )
 
-    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:  # noqa: N802
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         outcome = await self._dispatch.heartbeat(
             executor_id=request.executor_id,
-            leases=[(lease.step_key, lease.attempt) for lease in request.leases[:MAX_BATCH * 10]],
+            leases=[(lease.step_key, lease.attempt) for lease in request.leases[: MAX_BATCH * 10]],
         )
         return pb.HeartbeatResponse(
             extended=_leases(outcome.extended),
@@ -76,7 +78,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             lease_expires_at_ms=to_ms(outcome.expires_at),
         )
 
-    async def ReportResults(  # noqa: N802
+    async def ReportResults(
         self, request: pb.ReportResultsRequest, context: Any
     ) -> pb.ReportResultsResponse:
         if len(request.results) > MAX_BATCH:
@@ -111,7 +113,7 @@ def build_server(service: ExecutorService, address: str) -> tuple[Any, int, Any]
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ]
     )
-    pb_grpc.add_ExecutorServiceServicer_to_server(service, server)
+    pb_grpc.add_ExecutorServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (

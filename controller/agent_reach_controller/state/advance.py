@@ -93,9 +93,7 @@ def _decide_one(
         detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
         message = f"arguments are invalid after resolving references: {detail}"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
-    return StepChange(
-        step=step, transition=Transition.UNBLOCK, values={"resolved_args": resolved}
-    )
+    return StepChange(step=step, transition=Transition.UNBLOCK, values={"resolved_args": resolved})
 
 
 def _end(
@@ -113,4 +111,6 @@ def _end(
         now=data.now,
         error={"code": code.value, "message": message, "retryable": False},
     )
-    return StepChange(step=step, transition=transition, values=values, event_data={"error": values["error"]})
+    return StepChange(
+        step=step, transition=transition, values=values, event_data={"error": values["error"]}
+    )

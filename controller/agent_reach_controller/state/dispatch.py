@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from agent_reach.states import StepStatus
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
@@ -115,7 +117,7 @@ class DispatchService:
                 due = await store.next_due(conn, connectors)
             if due is not None:
                 pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
-            await self._notifier.wait(since, pause)
+            await self._notifier.wait(since, within=pause)
 
     async def heartbeat(
         self, *, executor_id: str, leases: Sequence[tuple[int, int]]
@@ -150,10 +152,14 @@ class DispatchService:
             await store.lock_tasks(conn, task_ids)
             current = await store.load_steps_by_key(conn, first_look)
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
-            acks = [await self._apply(conn, current.get(r.step_key), r, now, executor_id) for r in results]
+            acks = [
+                await self._apply(conn, current.get(r.step_key), r, now, executor_id)
+                for r in results
+            ]
             advanced = await self._tasks.advance(conn, task_ids, now=now)
             await self._notifier.publish(
-                conn, connectors=advanced.ready_connectors | self._retry_connectors(current, acks),
+                conn,
+                connectors=advanced.ready_connectors | self._retry_connectors(current, acks),
                 tasks=advanced.finished_tasks,
             )
         await self._notifier.after_commit()
@@ -161,18 +167,22 @@ class DispatchService:
 
     async def _apply(
         self,
-        conn: store.AsyncConnection,
+        conn: AsyncConnection,
         step: StepRow | None,
         result: AttemptResult,
         now: datetime,
         executor_id: str,
     ) -> Ack:
         if step is None or step.status is not StepStatus.RUNNING or step.attempt != result.attempt:
-            return self._reject(step, result, now=now, reason="stale_lease", executor_id=executor_id)
+            return self._reject(
+                step, result, now=now, reason="stale_lease", executor_id=executor_id
+            )
         tool = self._registry.get(step.tool, step.tool_version)
         change = decide_result(step, result, tool=tool, now=now, rng=self._rng)
         if not await store.change_step(conn, change, now=now):
-            return self._reject(step, result, now=now, reason="stale_lease", executor_id=executor_id)
+            return self._reject(
+                step, result, now=now, reason="stale_lease", executor_id=executor_id
+            )
         self.counters.results_accepted += 1
         return Ack(step_key=result.step_key, attempt=result.attempt, accepted=True)
 
@@ -229,14 +239,20 @@ class DispatchService:
                 if await store.change_step(conn, change, now=now):
                     reaped += 1
                     connectors.add(step.connector)
-            advanced = await self._tasks.advance(conn, {s.task_id for s in current.values()}, now=now)
+            advanced = await self._tasks.advance(
+                conn, {s.task_id for s in current.values()}, now=now
+            )
             await self._notifier.publish(
-                conn, connectors=connectors | advanced.ready_connectors, tasks=advanced.finished_tasks
+                conn,
+                connectors=connectors | advanced.ready_connectors,
+                tasks=advanced.finished_tasks,
             )
         await self._notifier.after_commit()
         self.counters.leases_expired += reaped
         if reaped:
-            log.warning("re-queued %d steps whose lease expired", reaped, extra={"event": "lease_expired"})
+            log.warning(
+                "re-queued %d steps whose lease expired", reaped, extra={"event": "lease_expired"}
+            )
         return reaped
 
     async def _mark_tasks_running(self, task_ids: set[str], *, now: datetime) -> None:

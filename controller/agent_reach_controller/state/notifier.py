@@ -50,14 +50,14 @@ class Notifier:
     def generation(self) -> int:
         return self._generation
 
-    async def wait(self, since: int, timeout: float) -> None:
-        """Return when anything was published after `since`, or when `timeout` runs out."""
-        if timeout <= 0:
+    async def wait(self, since: int, *, within: float) -> None:
+        """Return when anything was published after `since`, or after `within` seconds."""
+        if within <= 0:
             return
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._generation != since), timeout
+                    self._changed.wait_for(lambda: self._generation != since), within
                 )
 
     async def start(self) -> None:
@@ -146,11 +146,17 @@ class RedisNotifier(Notifier):
         try:
             await self._redis.publish(self._channel, b"1")
         except (OSError, ConnectionError) as exc:
-            log.warning("could not publish a wake-up to Redis: %s", type(exc).__name__,
-                        extra={"event": "redis_unavailable"})
+            log.warning(
+                "could not publish a wake-up to Redis: %s",
+                type(exc).__name__,
+                extra={"event": "redis_unavailable"},
+            )
         except Exception as exc:  # redis.RedisError and subclasses
-            log.warning("could not publish a wake-up to Redis: %s", type(exc).__name__,
-                        extra={"event": "redis_unavailable"})
+            log.warning(
+                "could not publish a wake-up to Redis: %s",
+                type(exc).__name__,
+                extra={"event": "redis_unavailable"},
+            )
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="redis-listen")

@@ -105,7 +105,9 @@ def decide_lease_expiry(
     change = _decide_failure(step, error, tool=tool, now=now, rng=rng)
     data = dict(change.event_data or {})
     data["lease_owner"] = step.lease_owner
-    return StepChange(step=step, transition=change.transition, values=change.values, event_data=data)
+    return StepChange(
+        step=step, transition=change.transition, values=change.values, event_data=data
+    )
 
 
 def _decide_failure(

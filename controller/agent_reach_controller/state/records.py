@@ -40,7 +40,7 @@ class StepRow:
     finished_at: datetime | None
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> StepRow:
+    def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
         values = dict(row)
         values["status"] = StepStatus(values["status"])
         values["depends_on"] = tuple(values["depends_on"] or ())
@@ -65,7 +65,7 @@ class TaskRow:
     finished_at: datetime | None
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> TaskRow:
+    def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
         values = dict(row)
         values["status"] = TaskStatus(values["status"])
         return cls(**values)
@@ -84,7 +84,7 @@ class EventRow:
     created_at: datetime
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> EventRow:
+    def from_mapping(cls, row: Mapping[Any, Any]) -> EventRow:
         return cls(**dict(row))
 
 

@@ -88,9 +88,7 @@ async def next_due(conn: AsyncConnection, connectors: Sequence[str]) -> datetime
 async def insert_steps(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> list[StepRow]:
     """Insert a task's steps (all `blocked`); returns them with their keys."""
     result = await conn.execute(steps.insert().returning(*steps.c), list(rows))
-    return sorted(
-        (StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position
-    )
+    return sorted((StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position)
 
 
 async def change_step(conn: AsyncConnection, change: StepChange, *, now: datetime) -> bool:
@@ -258,7 +256,9 @@ async def set_task_status(
     conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
 ) -> bool:
     """Optimistic-locked status change of a task, with its event."""
-    finished = now if status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED) else None
+    finished = (
+        now if status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED) else None
+    )
     stmt = (
         sa.update(tasks)
         .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
@@ -281,7 +281,9 @@ async def set_task_status(
     return True
 
 
-async def mark_tasks_running(conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime) -> None:
+async def mark_tasks_running(
+    conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
+) -> None:
     """`pending` → `running` once a first step is leased (no task lock: it is one guarded write)."""
     rows = await conn.execute(
         sa.update(tasks)
@@ -299,7 +301,7 @@ async def mark_tasks_running(conn: AsyncConnection, task_ids: Iterable[str], *, 
                 to_status=TaskStatus.RUNNING,
                 created_at=now,
             )
-            for task_id, in rows.all()
+            for (task_id,) in rows.all()
         ],
     )
 
@@ -349,9 +351,9 @@ async def claim_idempotency_key(
     """
     insert = postgresql.insert if dialect == "postgresql" else _sqlite_insert
     await conn.execute(
-        insert(idempotency_keys).values(**row).on_conflict_do_nothing(
-            index_elements=["principal", "key"]
-        )
+        insert(idempotency_keys)
+        .values(**row)
+        .on_conflict_do_nothing(index_elements=["principal", "key"])
     )
     stored = (
         await conn.execute(
@@ -382,7 +384,9 @@ async def save_tool_versions(
     )
 
 
-async def load_tool_version(conn: AsyncConnection, name: str, version: str) -> dict[str, Any] | None:
+async def load_tool_version(
+    conn: AsyncConnection, name: str, version: str
+) -> dict[str, Any] | None:
     row = await conn.execute(
         sa.select(tools.c.spec).where(tools.c.name == name, tools.c.version == version)
     )

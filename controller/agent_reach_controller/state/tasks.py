@@ -106,8 +106,12 @@ class TaskService:
                         raise IdempotencyConflictError(stored_task)
                     return await self._view(conn, stored_task), False
             trace_id = data.trace_id or new_trace_id()
-            await store.insert_task(conn, _task_row(data, task_id=task_id, trace_id=trace_id, now=now))
-            await store.insert_steps(conn, _step_rows(data.plan, task_id, trace_id, now, self._registry))
+            await store.insert_task(
+                conn, _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
+            )
+            await store.insert_steps(
+                conn, _step_rows(data.plan, task_id, trace_id, now, self._registry)
+            )
             await store.append_events(
                 conn,
                 [
@@ -115,8 +119,12 @@ class TaskService:
                         task_id=task_id,
                         kind="task_created",
                         to_status=TaskStatus.PENDING,
-                        data={"goal": data.plan.goal, "source": data.plan.source,
-                              "steps": len(data.plan.steps), "principal": data.principal},
+                        data={
+                            "goal": data.plan.goal,
+                            "source": data.plan.source,
+                            "steps": len(data.plan.steps),
+                            "principal": data.principal,
+                        },
                         created_at=now,
                     )
                 ],
@@ -180,13 +188,15 @@ class TaskService:
         async with self._db.transaction() as conn:
             return await self._view(conn, task_id)
 
-    async def list(
+    async def list_tasks(
         self, *, status: str | None = None, before: str | None = None, limit: int = 50
     ) -> list[TaskRow]:
         async with self._db.transaction() as conn:
             return await store.list_tasks(conn, status=status, before=before, limit=limit)
 
-    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
+    async def events(
+        self, task_id: str, *, after: int = 0, limit: int = 1000
+    ) -> list[EventRow]:
         async with self._db.transaction() as conn:
             if await store.load_task(conn, task_id) is None:
                 raise TaskNotFoundError(task_id)
@@ -213,7 +223,8 @@ class TaskService:
                         step, tool=tool, transition=Transition.CANCEL, now=now, error=error
                     )
                     await store.change_step(
-                        conn, StepChange(step=step, transition=Transition.CANCEL, values=values),
+                        conn,
+                        StepChange(step=step, transition=Transition.CANCEL, values=values),
                         now=now,
                     )
                 advanced = await self.advance(conn, [task_id], now=now)
@@ -222,10 +233,10 @@ class TaskService:
         await self._notifier.after_commit()
         return view
 
-    async def wait(self, task_id: str, *, timeout: float) -> TaskView:
-        """The task once it is terminal, or as it stands when `timeout` runs out."""
+    async def wait(self, task_id: str, *, within: float) -> TaskView:
+        """The task once it is terminal, or as it stands after `within` seconds."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + within
         while True:
             since = self._notifier.generation()
             view = await self.get(task_id)
@@ -233,7 +244,7 @@ class TaskService:
             if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
                 return view
             # The cap is a safety net for a missed wake-up, not the normal path.
-            await self._notifier.wait(since, min(remaining, 1.0))
+            await self._notifier.wait(since, within=min(remaining, 1.0))
 
     async def _view(self, conn: AsyncConnection, task_id: str) -> TaskView:
         task = await store.load_task(conn, task_id)

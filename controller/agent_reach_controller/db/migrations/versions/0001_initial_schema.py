@@ -21,7 +21,7 @@ JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgres
 BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
-def ts(name: str, *, nullable: bool = False) -> sa.Column:
+def ts(name: str, *, nullable: bool = False) -> sa.Column[object]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 
