@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -11,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent_reach.errors import ErrorCode, kind_of
 
+log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "agent_reach.connectors"
 _SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -111,7 +113,8 @@ def resolve_secrets(value: Any, environ: Mapping[str, str] | None = None) -> Any
 def load_connectors(names: Iterable[str] | None = None) -> dict[str, Connector]:
     """Instantiate the connectors registered under the `agent_reach.connectors` entry points.
 
-    With `names`, only those (an unknown name raises LookupError); otherwise all of them.
+    With `names`, only those (an unknown or broken one raises); otherwise every one that loads,
+    a plugin that fails to import being logged and left out rather than taking the executor down.
     """
     found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     wanted = list(found) if names is None else list(names)
@@ -120,8 +123,17 @@ def load_connectors(names: Iterable[str] | None = None) -> dict[str, Connector]:
         raise LookupError(f"unknown connector(s): {', '.join(missing)}; known: {sorted(found)}")
     connectors: dict[str, Connector] = {}
     for name in wanted:
-        factory = found[name].load()
-        connector = factory()
+        try:
+            connector = found[name].load()()
+        except Exception:
+            if names is not None:
+                raise
+            log.exception(
+                "connector %r failed to load; not hosting it",
+                name,
+                extra={"event": "connector_load_failed"},
+            )
+            continue
         if not isinstance(connector, Connector):
             raise TypeError(f"entry point {name!r} did not produce a Connector")
         connectors[name] = connector

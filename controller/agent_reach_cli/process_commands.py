@@ -132,7 +132,10 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
             if demo_mode:
                 await demo.run_demo(f"http://{bound.http}")
             demo.print_quick_start(f"http://{bound.http}", demo_mode=demo_mode)
-            await stop.wait()
+            # Stop on a signal, or when the executor ends by itself (its error is raised below).
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({stopping, worker}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
         finally:
             executor_stop.set()
             await worker

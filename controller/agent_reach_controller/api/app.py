@@ -127,6 +127,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": RETRY_AFTER_S},
         )
 
+    async def internal(_: Request, exc: Exception) -> Response:
+        # The detail stays in the log (with the trace); the caller gets no internals.
+        log.error(
+            "unhandled error: %s", type(exc).__name__, exc_info=exc, extra={"event": "api_error"}
+        )
+        return problem_response(
+            500, code="internal", title="Internal error", detail="the error was logged"
+        )
+
+    app.add_exception_handler(Exception, internal)
     app.add_exception_handler(OperationalError, storage_down)
     app.add_exception_handler(InterfaceError, storage_down)
     app.add_exception_handler(ConnectionError, storage_down)

@@ -194,9 +194,7 @@ class TaskService:
         async with self._db.transaction() as conn:
             return await store.list_tasks(conn, status=status, before=before, limit=limit)
 
-    async def events(
-        self, task_id: str, *, after: int = 0, limit: int = 1000
-    ) -> list[EventRow]:
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
         async with self._db.transaction() as conn:
             if await store.load_task(conn, task_id) is None:
                 raise TaskNotFoundError(task_id)

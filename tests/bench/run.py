@@ -1,0 +1,236 @@
+"""`make bench`: end-to-end throughput, dispatch-only throughput, submit→start latency, memory.
+
+Every run starts from a fresh Postgres database and fresh controller and executor processes.
+Sizes: AGENT_REACH_BENCH_STEPS (default 10000), AGENT_REACH_BENCH_REPEATS (3),
+AGENT_REACH_BENCH_SLOTS (executor slots, 64), AGENT_REACH_BENCH_SUBMITTERS (4),
+AGENT_REACH_BENCH_LATENCY_SECONDS (10), AGENT_REACH_BENCH_POSTGRES (admin URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+from tests.bench.machine import header_lines
+from tests.bench.scenarios import (
+    BenchError,
+    Config,
+    Dispatch,
+    Latency,
+    Stack,
+    Throughput,
+    dispatch_only,
+    latency,
+    percentile,
+    running_stack,
+    throughput,
+    write_tools,
+)
+
+T = TypeVar("T")
+
+# From /work/shared/PERFORMANCE.md (2 vCPU, Postgres 15, load generator on the same cores).
+BAR_THROUGHPUT = 5000
+BAR_P50_MS, BAR_P99_MS = 3.4, 6.5
+BAR_RSS_MIB = 150
+
+
+def _env_int(name: str, default: int) -> int:
+    value = int(os.environ.get(name, default))
+    if value < 1:
+        raise SystemExit(f"{name} must be at least 1")
+    return value
+
+
+def config_from_env() -> Config:
+    return Config(
+        admin_url=os.environ.get(
+            "AGENT_REACH_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        steps=_env_int("AGENT_REACH_BENCH_STEPS", 10_000),
+        repeats=_env_int("AGENT_REACH_BENCH_REPEATS", 3),
+        slots=_env_int("AGENT_REACH_BENCH_SLOTS", 64),
+        submitters=_env_int("AGENT_REACH_BENCH_SUBMITTERS", 4),
+        latency_seconds=float(os.environ.get("AGENT_REACH_BENCH_LATENCY_SECONDS", "10")),
+    )
+
+
+def say(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def _repeat(
+    config: Config,
+    workdir: Path,
+    tools: Path,
+    name: str,
+    measure: Callable[[Stack, Config], Any],
+    describe: Callable[[T], str],
+) -> list[T]:
+    results: list[T] = []
+    for r in range(config.repeats):
+        with running_stack(config, workdir / f"{name}-{r + 1}", tools) as stack:
+            result: T = asyncio.run(measure(stack, config))
+        results.append(result)
+        say(f"  run {r + 1}: {describe(result)}")
+    return results
+
+
+def _mib(pair: tuple[float, float] | None) -> str:
+    return f"{pair[0]:.0f} MiB (peak {pair[1]:.0f})" if pair else "gone"
+
+
+def describe_throughput(t: Throughput) -> str:
+    cpu = ", ".join(f"{name} {share:.0f}%" for name, share in t.cpu_percent.items())
+    return (
+        f"{t.steps:,} steps in {t.seconds:.2f} s = {t.rate:,.0f} steps/s"
+        f" (submitting took {t.submit_seconds:.2f} s)\n"
+        f"         RSS controller {_mib(t.controller_mib)}, executor {_mib(t.executor_mib)};"
+        f" CPU (% of one core): {cpu}"
+    )
+
+
+def describe_dispatch(d: Dispatch) -> str:
+    return (
+        f"submit {d.submitted:,} steps in {d.submit_seconds:.2f} s = {d.submit_rate:,.0f} steps/s;"
+        f" dispatch {d.steps:,}: {d.wall_seconds:.2f} s from executor start = "
+        f"{d.wall_rate:,.0f}/s, {d.lease_seconds:.2f} s from first lease = {d.lease_rate:,.0f}/s"
+    )
+
+
+def describe_latency(lat: Latency) -> str:
+    lats, rtts = lat.latencies_ms, lat.rtts_ms
+    return (
+        f"{lat.sent:,} tasks in {lat.elapsed_s:.2f} s (max send lag {lat.max_send_lag_ms:.1f} ms);"
+        f" submit->start p50 {percentile(lats, 50):.1f} / p99 {percentile(lats, 99):.1f}"
+        f" / max {max(lats):.1f} ms; submit RTT p50 {percentile(rtts, 50):.1f}"
+        f" / p99 {percentile(rtts, 99):.1f} ms"
+    )
+
+
+def _row(label: str, values: Sequence[float], fmt: str, bar: str) -> str:
+    runs = " ".join(format(v, fmt) for v in values)
+    return f"{label:<38} {format(median(values), fmt):>8}   {runs:<26} {bar}"
+
+
+def summary(
+    config: Config, tps: list[Throughput], dps: list[Dispatch], lats: list[Latency]
+) -> list[str]:
+    def rss(pick: Callable[[Throughput], tuple[float, float] | None]) -> list[float]:
+        return [m[0] for m in map(pick, tps) if m]
+
+    lines = [
+        f"{'figure':<38} {'median':>8}   {'runs':<26} bar (PERFORMANCE.md)",
+        _row(
+            "e2e throughput, steps/s",
+            [t.rate for t in tps],
+            ",.0f",
+            f">= {BAR_THROUGHPUT:,} goal; Celery 696, procrastinate 416 tasks/s",
+        ),
+        _row(
+            "dispatch only, from first lease, /s",
+            [d.lease_rate for d in dps],
+            ",.0f",
+            f">= {BAR_THROUGHPUT:,} goal; Celery 696, procrastinate 416",
+        ),
+        _row("dispatch only, from executor start, /s", [d.wall_rate for d in dps], ",.0f", ""),
+        _row("submit only (no executor), steps/s", [d.submit_rate for d in dps], ",.0f", ""),
+        _row(
+            f"submit->start p50 @{config.rate:.0f}/s, ms",
+            [percentile(x.latencies_ms, 50) for x in lats],
+            ".1f",
+            f"<= {BAR_P50_MS} goal; Celery 3.4, procrastinate 4.0",
+        ),
+        _row(
+            f"submit->start p99 @{config.rate:.0f}/s, ms",
+            [percentile(x.latencies_ms, 99) for x in lats],
+            ".1f",
+            f"<= {BAR_P99_MS} goal; Celery 4.5, procrastinate 6.5",
+        ),
+        _row("submit->start max, ms", [max(x.latencies_ms) for x in lats], ".1f", ""),
+        _row("submit HTTP RTT p50, ms", [percentile(x.rtts_ms, 50) for x in lats], ".1f", ""),
+        _row("submit HTTP RTT p99, ms", [percentile(x.rtts_ms, 99) for x in lats], ".1f", ""),
+    ]
+    if ctl := rss(lambda t: t.controller_mib):
+        lines.append(_row("controller RSS after throughput, MiB", ctl, ".0f", f"< {BAR_RSS_MIB}"))
+    if exe := rss(lambda t: t.executor_mib):
+        lines.append(_row("executor RSS after throughput, MiB", exe, ".0f", f"< {BAR_RSS_MIB}"))
+    return lines
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    del frame
+    raise SystemExit(128 + signum)  # unwinds through every `finally`: processes and databases
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    config = config_from_env()
+    began = time.monotonic()
+    say("Agent-Reach bench", *header_lines(config.admin_url))
+    plans = -(-config.steps // config.plan_size)
+    say(
+        f"setup     1 controller + 1 executor ({config.slots} slots), fresh database and processes"
+        f" per run, {config.repeats} repeats; tool `noop` on the echo connector"
+        " (maximum_attempts 1, idempotent)",
+        "",
+    )
+    with tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
+        workdir = Path(tmp)
+        tools = write_tools(workdir)
+        try:
+            say(
+                f"== end-to-end throughput: {plans} plans of {config.plan_size} independent steps,"
+                f" {config.submitters} concurrent submitters, executor running;"
+                " first submit -> every task terminal"
+            )
+            tps = _repeat(config, workdir, tools, "throughput", throughput, describe_throughput)
+            say(f"  median: {median([t.rate for t in tps]):,.0f} steps/s", "")
+            say(
+                "== dispatch only: the same plans submitted with no executor, then one executor"
+                " started; until every task is terminal"
+            )
+            dps = _repeat(config, workdir, tools, "dispatch", dispatch_only, describe_dispatch)
+            say(
+                f"  median: {median([d.lease_rate for d in dps]):,.0f} steps/s from first lease,"
+                f" {median([d.wall_rate for d in dps]):,.0f} from executor start",
+                "",
+            )
+            say(
+                f"== submit->start latency: open loop, {config.rate:.0f} single-step tasks/s for"
+                f" {config.latency_seconds:.0f} s; lease time (steps.started_at) - client send time"
+            )
+            lats = _repeat(config, workdir, tools, "latency", latency, describe_latency)
+            say(
+                f"  median: p50 {median([percentile(x.latencies_ms, 50) for x in lats]):.1f} /"
+                f" p99 {median([percentile(x.latencies_ms, 99) for x in lats]):.1f} ms",
+                "",
+            )
+        except BenchError as exc:
+            say(f"bench failed: {exc}")
+            return 1
+    say(
+        f"== summary: median of {config.repeats}; load generator, controller, executor and"
+        " Postgres share the machine",
+        *summary(config, tps, dps, lats),
+        "",
+        f"bench took {time.monotonic() - began:.0f} s",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
