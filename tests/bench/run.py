@@ -3,7 +3,8 @@
 Every run starts from a fresh Postgres database and fresh controller and executor processes.
 Sizes: AGENT_REACH_BENCH_STEPS (default 10000), AGENT_REACH_BENCH_REPEATS (3),
 AGENT_REACH_BENCH_SLOTS (executor slots, 64), AGENT_REACH_BENCH_SUBMITTERS (4),
-AGENT_REACH_BENCH_LATENCY_SECONDS (10), AGENT_REACH_BENCH_POSTGRES (admin URL).
+AGENT_REACH_BENCH_RATE (latency test, steps/s: 100), AGENT_REACH_BENCH_LATENCY_SECONDS (10),
+AGENT_REACH_BENCH_POSTGRES (admin URL).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def config_from_env() -> Config:
         repeats=_env_int("AGENT_REACH_BENCH_REPEATS", 3),
         slots=_env_int("AGENT_REACH_BENCH_SLOTS", 64),
         submitters=_env_int("AGENT_REACH_BENCH_SUBMITTERS", 4),
+        rate=float(os.environ.get("AGENT_REACH_BENCH_RATE", "100")),
         latency_seconds=float(os.environ.get("AGENT_REACH_BENCH_LATENCY_SECONDS", "10")),
     )
 
@@ -93,13 +95,16 @@ def _mib(pair: tuple[float, float] | None) -> str:
     return f"{pair[0]:.0f} MiB (peak {pair[1]:.0f})" if pair else "gone"
 
 
+def _cpu(shares: dict[str, float]) -> str:
+    return "CPU (% of one core): " + ", ".join(f"{n} {v:.0f}%" for n, v in shares.items())
+
+
 def describe_throughput(t: Throughput) -> str:
-    cpu = ", ".join(f"{name} {share:.0f}%" for name, share in t.cpu_percent.items())
     return (
         f"{t.steps:,} steps in {t.seconds:.2f} s = {t.rate:,.0f} steps/s"
         f" (submitting took {t.submit_seconds:.2f} s)\n"
         f"         RSS controller {_mib(t.controller_mib)}, executor {_mib(t.executor_mib)};"
-        f" CPU (% of one core): {cpu}"
+        f" {_cpu(t.cpu_percent)}"
     )
 
 
@@ -117,7 +122,7 @@ def describe_latency(lat: Latency) -> str:
         f"{lat.sent:,} tasks in {lat.elapsed_s:.2f} s (max send lag {lat.max_send_lag_ms:.1f} ms);"
         f" submit->start p50 {percentile(lats, 50):.1f} / p99 {percentile(lats, 99):.1f}"
         f" / max {max(lats):.1f} ms; submit RTT p50 {percentile(rtts, 50):.1f}"
-        f" / p99 {percentile(rtts, 99):.1f} ms"
+        f" / p99 {percentile(rtts, 99):.1f} ms\n         {_cpu(lat.cpu_percent)}"
     )
 
 

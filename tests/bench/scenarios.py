@@ -90,6 +90,7 @@ class Latency:
     rtts_ms: list[float]  # submit HTTP round trip
     max_send_lag_ms: float  # how late the generator sent against its schedule
     elapsed_s: float  # first to last send
+    cpu_percent: dict[str, float]  # of one core, while sending
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -153,7 +154,7 @@ class Stack:
 
     def start_executor(self) -> Proc:
         self.executor = self.cluster.executor(
-            "executor", controller=self.controller, slots=self.slots
+            "executor", controller=self.controller, slots=self.slots, extra=["--connectors", "echo"]
         )
         return self.executor
 
@@ -182,7 +183,7 @@ def running_stack(
             )
         except BaseException:
             for proc in c.procs:
-                tail = proc.output().splitlines()[-15:]
+                tail = [line[:400] for line in proc.output().splitlines()[-6:]]
                 print(
                     f"--- last lines of {proc.name} ({proc.log}):", *tail, sep="\n", file=sys.stderr
                 )
@@ -292,7 +293,7 @@ async def throughput(stack: Stack, config: Config) -> Throughput:
     first, submitted, ids = await submit_plans(stack, bodies, config.submitters)
     await wait_finished(stack, 1 + plans, within=_deadline(config.steps))
     cpu = cpu_shares(cpu_before, cpu_snapshot(pids), time.time() - cpu_began)
-    memory = {p: memory_mib(p.popen.pid) for p in (stack.controller, stack.executor) if p}
+    memory = {name: memory_mib(pid) for name, pid in pids.items()}
     (last,) = await _one_row(
         stack,
         "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE task_id = ANY(%s)",
@@ -303,8 +304,8 @@ async def throughput(stack: Stack, config: Config) -> Throughput:
         steps=plans * config.plan_size,
         seconds=float(last) - first,
         submit_seconds=submitted - first,
-        controller_mib=memory[stack.controller],
-        executor_mib=memory[stack.executor] if stack.executor else None,
+        controller_mib=memory["controller"],
+        executor_mib=memory["executor"],
         cpu_percent=cpu,
     )
 
@@ -346,6 +347,7 @@ async def latency(stack: Stack, config: Config) -> Latency:
     rtts: list[float] = [math.nan] * count
     task_ids: list[str] = [""] * count
     loop = asyncio.get_running_loop()
+    pids = {p.name: p.popen.pid for p in (stack.controller, stack.executor) if p}
     async with _client(stack, 100) as client:
 
         async def one(i: int) -> None:
@@ -354,6 +356,7 @@ async def latency(stack: Stack, config: Config) -> Latency:
             task_ids[i] = await _submit_one(client, body)
             rtts[i] = (time.perf_counter() - began) * 1000
 
+        cpu_before, cpu_began = cpu_snapshot(pids), time.time()
         start_loop, start_wall = loop.time() + 0.01, time.time() + 0.01
         in_flight = []
         for i in range(count):
@@ -362,6 +365,7 @@ async def latency(stack: Stack, config: Config) -> Latency:
                 await asyncio.sleep(delay)
             in_flight.append(asyncio.create_task(one(i)))
         await asyncio.gather(*in_flight)
+        cpu = cpu_shares(cpu_before, cpu_snapshot(pids), time.time() - cpu_began)
     await wait_finished(stack, 1 + count, within=_deadline(count))
     await check_all_succeeded(stack, 1 + count)
     async with await psycopg.AsyncConnection.connect(stack.database_url, autocommit=True) as conn:
@@ -377,4 +381,5 @@ async def latency(stack: Stack, config: Config) -> Latency:
         rtts_ms=rtts,
         max_send_lag_ms=max(lags) * 1000,
         elapsed_s=sends[-1] - sends[0],
+        cpu_percent=cpu,
     )

@@ -19,7 +19,9 @@ import httpx
 REACH = [sys.executable, "-m", "agent_reach_cli.main"]
 
 
-def wait_until(predicate: Callable[[], Any], *, within: float, what: str, every: float = 0.05) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], *, within: float, what: str, every: float = 0.05
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail with `what` after `within` s."""
     deadline = time.monotonic() + within
     while True:
@@ -95,20 +97,33 @@ class Cluster:
         proc.info = info
         return info
 
-    def controller(self, name: str, *, database_url: str, tools: Path, extra: Sequence[str] = ()) -> Proc:
+    def controller(
+        self, name: str, *, database_url: str, tools: Path, extra: Sequence[str] = ()
+    ) -> Proc:
         ready = self.workdir / f"{name}.ready.json"
         proc = self._spawn(
             name,
             [
-                "controller", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-                "--database-url", database_url, "--tools", str(tools),
-                "--ready-file", str(ready), *extra,
+                "controller",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                "127.0.0.1:0",
+                "--database-url",
+                database_url,
+                "--tools",
+                str(tools),
+                "--ready-file",
+                str(ready),
+                *extra,
             ],
         )
         self._await_ready_file(proc, ready)
         return proc
 
-    def executor(self, name: str, *, controller: Proc, slots: int = 8, extra: Sequence[str] = ()) -> Proc:
+    def executor(
+        self, name: str, *, controller: Proc, slots: int = 8, extra: Sequence[str] = ()
+    ) -> Proc:
         return self._spawn(
             name,
             ["executor", "--controller", controller.info["grpc"], "--slots", str(slots), *extra],
@@ -119,8 +134,18 @@ class Cluster:
         proc = self._spawn(
             name,
             [
-                "dev", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--tools", str(tools),
-                "--ready-file", str(ready), "--log-format", "json", *extra,
+                "dev",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                "127.0.0.1:0",
+                "--tools",
+                str(tools),
+                "--ready-file",
+                str(ready),
+                "--log-format",
+                "json",
+                *extra,
             ],
         )
         self._await_ready_file(proc, ready)
