@@ -110,7 +110,9 @@ def _describe(task: dict[str, Any]) -> str:
     for step in task["steps"]:
         receipt = step.get("receipt") or {}
         detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
-        lines.append(f"  {step['step_id']:8} {step['status']:10} {json.dumps(detail)}")
+        lines.append(
+            f"  {step['step_id']:8} {step['status']:10} {json.dumps(detail, ensure_ascii=False)}"
+        )
     return "\n".join(lines)
 
 

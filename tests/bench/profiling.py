@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pstats
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from tests.bench.machine import REPO
 from tests.bench.run import config_from_env, describe_throughput, say
-from tests.bench.scenarios import BenchError, running_stack, throughput, write_tools
+from tests.bench.scenarios import BenchError, Stack, running_stack, throughput, write_tools
 from tests.e2e.processes import Cluster, Proc
 
 
@@ -57,6 +58,13 @@ def area(filename: str) -> str:
     return "stdlib " + Path(filename).stem
 
 
+def start_profiling(stack: Stack) -> None:
+    """SIGUSR1 to every profiled process: warm-up is over, start counting."""
+    for proc in stack.cluster.procs:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGUSR1)
+
+
 def report(name: str, path: Path, top: int, *, steps: int) -> None:
     """Own time by area, then the hottest functions. Cumulative times are not printed: under
     asyncio and SQLAlchemy's greenlets cProfile's cumulative figures are not trustworthy."""
@@ -90,7 +98,9 @@ def main() -> int:
         tools = write_tools(workdir)
         run = workdir / "run"
         try:
-            with running_stack(config, run, tools, make_cluster=ProfiledCluster) as stack:
+            with running_stack(
+                config, run, tools, make_cluster=ProfiledCluster, on_measure=start_profiling
+            ) as stack:
                 result = asyncio.run(throughput(stack, config))
         except BenchError as exc:
             say(f"profile run failed: {exc}")

@@ -14,7 +14,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,12 @@ class Stack:
     tools: Path
     slots: int
     executor: Proc | None = None
+    # Called when the measured part of a run begins (the profiler starts there).
+    on_measure: Callable[[Stack], None] | None = None
+
+    def measuring(self) -> None:
+        if self.on_measure is not None:
+            self.on_measure(self)
 
     @property
     def base_url(self) -> str:
@@ -166,7 +172,12 @@ class Stack:
 
 @contextlib.contextmanager
 def running_stack(
-    config: Config, workdir: Path, tools: Path, *, make_cluster: type[Cluster] = Cluster
+    config: Config,
+    workdir: Path,
+    tools: Path,
+    *,
+    make_cluster: type[Cluster] = Cluster,
+    on_measure: Callable[[Stack], None] | None = None,
 ) -> Iterator[Stack]:
     """A fresh database and a controller on it; processes stop before the database is dropped."""
     workdir.mkdir(parents=True)
@@ -179,7 +190,12 @@ def running_stack(
                 extra=["--migrate", "--log-format", "json"],
             )
             yield Stack(
-                cluster=c, controller=controller, database_url=url, tools=tools, slots=config.slots
+                cluster=c,
+                controller=controller,
+                database_url=url,
+                tools=tools,
+                slots=config.slots,
+                on_measure=on_measure,
             )
         except BaseException:
             for proc in c.procs:
@@ -289,6 +305,7 @@ async def throughput(stack: Stack, config: Config) -> Throughput:
     plans = math.ceil(config.steps / config.plan_size)
     bodies = [plan_body(config.plan_size, f"bench {k}") for k in range(plans)]
     pids = {p.name: p.popen.pid for p in (stack.controller, stack.executor) if p}
+    stack.measuring()
     cpu_before, cpu_began = cpu_snapshot(pids), time.time()
     first, submitted, ids = await submit_plans(stack, bodies, config.submitters)
     await wait_finished(stack, 1 + plans, within=_deadline(config.steps))
@@ -319,6 +336,7 @@ async def dispatch_only(stack: Stack, config: Config) -> Dispatch:
         await _submit_one(client, plan_body(1, "warm-up"))
     first, submitted, _ = await submit_plans(stack, bodies, config.submitters)
     total = 1 + plans * config.plan_size
+    stack.measuring()  # before the executor exists: it is not profiled in this scenario
     started = time.time()
     stack.start_executor()
     await wait_finished(stack, 1 + plans, within=_deadline(config.steps))
@@ -356,6 +374,7 @@ async def latency(stack: Stack, config: Config) -> Latency:
             task_ids[i] = await _submit_one(client, body)
             rtts[i] = (time.perf_counter() - began) * 1000
 
+        stack.measuring()
         cpu_before, cpu_began = cpu_snapshot(pids), time.time()
         start_loop, start_wall = loop.time() + 0.01, time.time() + 0.01
         in_flight = []

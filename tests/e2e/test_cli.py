@@ -1,0 +1,76 @@
+"""`reach dev --demo` shows both branches of the umbrella plan; `reach submit/status/tools` work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.processes import REACH, api, cluster, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
+    with cluster(tmp_path) as c:
+        dev = c.dev("dev", tools=_no_extra_tools(tmp_path), extra=["--demo"])
+        wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="the demo")
+        with api(dev) as client:
+            tasks = client.get("/v1/tasks").json()["tasks"]
+            assert len(tasks) == 2
+            by_goal = {t["goal"]: client.get(f"/v1/tasks/{t['task_id']}").json() for t in tasks}
+        rainy = next(t for g, t in by_goal.items() if "Wuhan" in g)
+        dry = next(t for g, t in by_goal.items() if "Dubai" in g)
+        assert [s["status"] for s in rainy["steps"]] == ["succeeded", "succeeded"]
+        reminder = rainy["steps"][1]
+        assert (
+            reminder["resolved_args"]["evidence"] == rainy["steps"][0]["receipt"]["data"]["summary"]
+        )
+        assert reminder["receipt"]["data"]["text"] == "Take an umbrella"
+        assert [s["status"] for s in dry["steps"]] == ["succeeded", "skipped"]
+        assert dry["steps"][1]["receipt"]["error"]["code"] == "condition_false"
+        assert rainy["status"] == dry["status"] == "succeeded"
+
+        url = ["--url", f"http://{dev.info['http']}"]
+        plan = tmp_path / "plan.json"
+        plan.write_text(
+            json.dumps(
+                {
+                    "steps": [
+                        {
+                            "step_id": "w",
+                            "tool": "weather.forecast",
+                            "args": {"city": "Wuhan", "day": "tomorrow"},
+                        }
+                    ]
+                }
+            )
+        )
+        submitted = _reach("submit", str(plan), "--wait", "20", *url)
+        assert submitted["status"] == "succeeded"
+        shown = _reach("status", submitted["task_id"], *url)
+        assert shown["steps"][0]["receipt"]["data"]["rain"] is True
+        listed = _reach("tools", "--format", "openai", *url)
+        assert {t["function"]["name"] for t in listed} == {"weather_forecast", "reminder_create"}
+
+
+def _no_extra_tools(tmp_path: Path) -> Path:
+    path = tmp_path / "empty-tools.yaml"
+    path.write_text("tools: []\n")
+    return path
+
+
+def _reach(*args: str) -> dict:
+    done = subprocess.run([*REACH, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_invalid_command_line_fails_clearly() -> None:
+    done = subprocess.run(
+        [*REACH, "frobnicate"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert "invalid choice" in done.stderr

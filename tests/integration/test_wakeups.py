@@ -1,0 +1,72 @@
+"""A new ready step wakes a poller on another replica at once, through each notifier.
+
+The pollers' safety-net recheck is set far beyond the poll's wait, so a poll that returns the
+step can only have been woken by the notification under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
+from agent_reach_controller.state.tasks import SubmitInput
+from tests.integration.stack import components_for, write_tools
+
+BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
+
+
+def no_recheck(c: Components) -> None:
+    c.dispatch.timings = replace(c.dispatch.timings, recheck=3600.0, max_poll_wait=3600.0)
+
+
+async def poll_then_submit(poller: Components, submitter: Components) -> list[Any]:
+    no_recheck(poller)
+    polling = asyncio.create_task(
+        poller.dispatch.poll(executor_id="p", connectors=["echo"], limit=1, wait=20)
+    )
+    await asyncio.sleep(0.2)  # let the poll find nothing and start waiting
+    assert not polling.done()
+    plan = parse_plan(BODY, submitter.catalog)
+    await submitter.tasks.submit(SubmitInput(plan=plan, request=BODY))
+    return await asyncio.wait_for(polling, 30)
+
+
+async def test_in_process_wakeup(sqlite_url: str, tmp_path: Path) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        assert type(c.notifier) is Notifier
+        claimed = await poll_then_submit(c, c)
+        assert [s.step_id for s in claimed] == ["a"]
+
+
+async def test_postgres_listen_notify_wakes_another_replica(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path)
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+    ):
+        assert isinstance(one.notifier, PostgresNotifier)
+        claimed = await poll_then_submit(one, two)
+        assert [s.step_id for s in claimed] == ["a"]
+
+
+@pytest.mark.redis
+async def test_redis_pubsub_wakes_another_replica(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path)
+    async with (
+        components_for(postgres_url, tools, redis_url=redis_url) as one,
+        components_for(postgres_url, tools, redis_url=redis_url) as two,
+    ):
+        assert isinstance(one.notifier, RedisNotifier)
+        claimed = await poll_then_submit(one, two)
+        assert [s.step_id for s in claimed] == ["a"]
