@@ -101,7 +101,9 @@ class Sink:
         self._effects: Counter[str] = Counter()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.sink = self
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:
