@@ -202,6 +202,8 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "too_large",
         "5,000 characters",
     ),
+    ("no steps", {"steps": []}, "/steps", "missing_field", "at least one step"),
+    ("no tool calls", {"tool_calls": []}, "/tool_calls", "missing_field", "at least one step"),
 ]
 
 

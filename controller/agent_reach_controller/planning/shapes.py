@@ -155,6 +155,9 @@ def read_body(body: Any, limits: PlanLimits, out: ProblemCollector) -> tuple[str
     if not isinstance(items, list):
         out.add(f"/{key}", P.INVALID_TYPE, f"{key!r} must be an array")
         return source, []
+    if not items:
+        out.add(f"/{key}", P.MISSING_FIELD, f"{key!r} is empty: a plan needs at least one step")
+        return source, []
     if len(items) > limits.max_steps:
         detail = f"{len(items):,} steps; the limit is {limits.max_steps:,}"
         out.add(f"/{key}", P.TOO_LARGE, detail)
