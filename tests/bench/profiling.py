@@ -1,26 +1,34 @@
 """`python -m tests.bench.profiling`: one end-to-end throughput run with both processes profiled.
 
-Controller and executor run under cProfile (main-thread CPU time, see `profiled.py`); their
-hottest functions by own time and by cumulative time are printed. Profiling slows Python down
-(often 1.5-2x), so the rate printed here is not a benchmark figure: use `make bench` for those.
-Sizes as in `tests.bench.run`; AGENT_REACH_BENCH_PROFILE_TOP sets the number of rows (25).
+Controller and executor run under `tests.bench.profiled` (a stack sampler by default; set
+AGENT_REACH_BENCH_PROFILER=cprofile for cProfile); profiling starts after the warm-up. The report
+gives, per process: where the main thread's busy time goes by area (the package or module of the
+innermost frame), and our functions by inclusive share of busy time. The sampler's overhead is
+small but not nil, and cProfile's is large (2-4x), so the rate printed here is not a benchmark
+figure: use `make bench` for those. Sizes as in `tests.bench.run`; AGENT_REACH_BENCH_PROFILE_TOP
+sets the number of rows (25).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pstats
 import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from tests.bench.machine import REPO
 from tests.bench.run import config_from_env, describe_throughput, say
 from tests.bench.scenarios import BenchError, Stack, running_stack, throughput, write_tools
 from tests.e2e.processes import Cluster, Proc
+
+# Frames of the process's own scaffolding: on every stack, so not informative.
+SCAFFOLDING = ("tests/bench/profiled.py", "agent_reach_cli/", "agent_reach_executor/__main__.py")
 
 
 class ProfiledCluster(Cluster):
@@ -47,6 +55,13 @@ class ProfiledCluster(Cluster):
         return proc
 
 
+def start_profiling(stack: Stack) -> None:
+    """SIGUSR1 to every profiled process: warm-up is over, start counting."""
+    for proc in stack.cluster.procs:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGUSR1)
+
+
 def area(filename: str) -> str:
     """Where a function lives: a site package, one of our modules, a stdlib module, a builtin."""
     if "site-packages/" in filename:
@@ -58,19 +73,54 @@ def area(filename: str) -> str:
     return "stdlib " + Path(filename).stem
 
 
-def start_profiling(stack: Stack) -> None:
-    """SIGUSR1 to every profiled process: warm-up is over, start counting."""
-    for proc in stack.cluster.procs:
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGUSR1)
+def _ours(frame: str) -> str | None:
+    """'controller/…/store.py:change_step' for a frame of our code, None otherwise."""
+    filename, _, function = frame.rpartition(":")
+    if not filename.startswith(str(REPO)):
+        return None
+    relative = str(Path(filename).relative_to(REPO))
+    if any(part in relative for part in SCAFFOLDING):
+        return None
+    return f"{relative}:{function}"
 
 
-def report(name: str, path: Path, top: int, *, steps: int) -> None:
-    """Own time by area, then the hottest functions. Cumulative times are not printed: under
-    asyncio and SQLAlchemy's greenlets cProfile's cumulative figures are not trustworthy."""
-    if not path.exists():
-        say(f"no profile from {name} (did it exit cleanly?)")
+def _idle(stack: list[str]) -> bool:
+    """Waiting in the event loop's selector (the GIL is released, no CPU used)."""
+    leaf = stack[-1] if stack else ""
+    return leaf.endswith("selectors.py:select")
+
+
+def report_samples(name: str, path: Path, top: int, *, steps: int) -> None:
+    data = json.loads(path.read_text())
+    interval = float(data["interval_s"])
+    rows = [(list(r["stack"]), int(r["count"])) for r in data["stacks"]]
+    total = sum(n for _, n in rows)
+    busy_rows = [(stack, n) for stack, n in rows if not _idle(stack)]
+    busy = sum(n for _, n in busy_rows)
+    if not busy:
+        say(f"no busy samples from {name}")
         return
+    by_area: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    for stack, n in busy_rows:
+        by_area[area(stack[-1].rpartition(":")[0])] += n
+        for frame in {f for f in map(_ours, stack) if f}:
+            inclusive[frame] += n
+    say(
+        "",
+        f"===== {name}: {total:,} samples every {1000 * interval:.0f} ms, busy in {busy:,}"
+        f" ({100 * busy / total:.0f}%); ~{1e6 * busy * interval / steps:.0f} us busy per step",
+        "-- busy time by area of the innermost frame",
+    )
+    for where, n in by_area.most_common(top):
+        say(f"  {100 * n / busy:5.1f}%  {where}")
+    say("-- our functions, inclusive share of busy time")
+    for frame, n in inclusive.most_common(top):
+        say(f"  {100 * n / busy:5.1f}%  {frame}")
+
+
+def report_cprofile(name: str, path: Path, top: int, *, steps: int) -> None:
+    """Own time by area, then the hottest functions by own time."""
     stats = pstats.Stats(str(path))
     raw: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
     raw = stats.stats  # type: ignore[attr-defined]
@@ -90,6 +140,15 @@ def report(name: str, path: Path, top: int, *, steps: int) -> None:
     stats.sort_stats("tottime").print_stats(top)
 
 
+def report(name: str, path: Path, top: int, *, steps: int) -> None:
+    if not path.exists():
+        say(f"no profile from {name} (did it exit cleanly?)")
+    elif path.read_bytes()[:1] == b"{":
+        report_samples(name, path, top, steps=steps)
+    else:
+        report_cprofile(name, path, top, steps=steps)
+
+
 def main() -> int:
     config = config_from_env()
     top = int(os.environ.get("AGENT_REACH_BENCH_PROFILE_TOP", "25"))
@@ -105,7 +164,7 @@ def main() -> int:
         except BenchError as exc:
             say(f"profile run failed: {exc}")
             return 1
-        say(f"profiled run (slower than unprofiled): {describe_throughput(result)}")
+        say(f"profiled run (not a benchmark figure): {describe_throughput(result)}")
         for name in ("controller", "executor"):
             report(name, run / f"{name}.prof", top, steps=result.steps)
     return 0
