@@ -67,34 +67,19 @@ class Notifier:
         return None
 
 
-class PostgresNotifier(Notifier):
-    """Cross-replica wake-ups over LISTEN/NOTIFY on a dedicated autocommit connection."""
+class _ListeningNotifier(Notifier):
+    """A notifier fed by a listener task that reconnects with capped backoff for ever."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._conninfo = conninfo
         self._task: asyncio.Task[None] | None = None
 
-    async def publish(
-        self,
-        conn: AsyncConnection,
-        *,
-        connectors: Iterable[str] = (),
-        tasks: Iterable[str] = (),
-    ) -> None:
-        for connector in sorted(set(connectors)):
-            await conn.execute(
-                sa.text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": READY_CHANNEL, "payload": connector},
-            )
-        for task_id in sorted(set(tasks)):
-            await conn.execute(
-                sa.text("SELECT pg_notify(:channel, :payload)"),
-                {"channel": TASK_CHANNEL, "payload": task_id},
-            )
+    async def _listen_once(self) -> None:
+        """Connect, subscribe, then call `publish_local` for each message until disconnected."""
+        raise NotImplementedError
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="pg-listen")
+        self._task = asyncio.create_task(self._listen(), name=f"{type(self).__name__}-listen")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -106,19 +91,13 @@ class PostgresNotifier(Notifier):
         delay = 0.1
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True
-                ) as conn:
-                    await conn.execute(f"LISTEN {READY_CHANNEL}")
-                    await conn.execute(f"LISTEN {TASK_CHANNEL}")
-                    delay = 0.1
-                    # Anything may have happened while we were not listening.
-                    await self.publish_local()
-                    async for _ in conn.notifies():
-                        await self.publish_local()
-            except (psycopg.Error, OSError) as exc:
+                await self._listen_once()
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the listener must outlive any backend failure
                 log.warning(
-                    "notification listener lost its connection (%s); retrying in %.1fs",
+                    "wake-up listener lost its connection (%s); retrying in %.1fs",
                     type(exc).__name__,
                     delay,
                     extra={"event": "listener_reconnect"},
@@ -127,7 +106,39 @@ class PostgresNotifier(Notifier):
                 delay = min(delay * 2, 5.0)
 
 
-class RedisNotifier(Notifier):
+class PostgresNotifier(_ListeningNotifier):
+    """Cross-replica wake-ups over LISTEN/NOTIFY on a dedicated autocommit connection."""
+
+    def __init__(self, conninfo: str) -> None:
+        super().__init__()
+        self._conninfo = conninfo
+
+    async def publish(
+        self,
+        conn: AsyncConnection,
+        *,
+        connectors: Iterable[str] = (),
+        tasks: Iterable[str] = (),
+    ) -> None:
+        payloads = [(READY_CHANNEL, c) for c in sorted(set(connectors))]
+        payloads += [(TASK_CHANNEL, t) for t in sorted(set(tasks))]
+        for channel, payload in payloads:
+            await conn.execute(
+                sa.text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": channel, "payload": payload},
+            )
+
+    async def _listen_once(self) -> None:
+        async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {READY_CHANNEL}")
+            await conn.execute(f"LISTEN {TASK_CHANNEL}")
+            # Anything may have happened while we were not listening.
+            await self.publish_local()
+            async for _ in conn.notifies():
+                await self.publish_local()
+
+
+class RedisNotifier(_ListeningNotifier):
     """Cross-replica wake-ups over Redis pub/sub, published once a transaction has committed.
 
     Redis holds nothing durable here: a lost message costs one recheck interval, never a step.
@@ -139,54 +150,26 @@ class RedisNotifier(Notifier):
 
         self._redis = aioredis.Redis.from_url(url)
         self._channel = channel
-        self._task: asyncio.Task[None] | None = None
 
     async def after_commit(self) -> None:
         await self.publish_local()
         try:
             await self._redis.publish(self._channel, b"1")
-        except (OSError, ConnectionError) as exc:
+        except Exception as exc:  # redis.RedisError, OSError: a lost wake-up is only a delay
             log.warning(
                 "could not publish a wake-up to Redis: %s",
                 type(exc).__name__,
                 extra={"event": "redis_unavailable"},
             )
-        except Exception as exc:  # redis.RedisError and subclasses
-            log.warning(
-                "could not publish a wake-up to Redis: %s",
-                type(exc).__name__,
-                extra={"event": "redis_unavailable"},
-            )
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="redis-listen")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await super().close()
         await self._redis.aclose()
 
-    async def _listen(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                async with self._redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self._channel)
-                    delay = 0.1
+    async def _listen_once(self) -> None:
+        async with self._redis.pubsub() as pubsub:
+            await pubsub.subscribe(self._channel)
+            await self.publish_local()
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
                     await self.publish_local()
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            await self.publish_local()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "Redis wake-up listener lost its connection (%s); retrying in %.1fs",
-                    type(exc).__name__,
-                    delay,
-                    extra={"event": "listener_reconnect"},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
