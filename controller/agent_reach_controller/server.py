@@ -63,7 +63,12 @@ async def running_controller(
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set("agent_reach.v1.ExecutorService", health_pb2.HealthCheckResponse.SERVING)
     config = uvicorn.Config(
-        create_app(components), log_config=None, access_log=False, lifespan="off", loop="none"
+        create_app(components),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        loop="none",
+        timeout_graceful_shutdown=5,
     )
     http_server = _Server(config)
     http_task = asyncio.create_task(http_server.serve(sockets=[http_sock]), name="http")

@@ -2,9 +2,11 @@
 
 AGENT_REACH_BENCH_PROFILER picks the profiler:
 
-- `sample` (default): a thread takes the main thread's Python stack every 5 ms and counts
-  stacks. Inclusive figures are trustworthy under asyncio, and SQLAlchemy's greenlets are
-  followed back to the coroutine that started them; the overhead is small. Writes OUT as JSON.
+- `sample` (default): the main thread's Python stack is counted on SIGPROF, every 5 ms of
+  process CPU time. Inclusive figures are trustworthy under asyncio, and SQLAlchemy's greenlets
+  are followed back to the coroutine that started them; the overhead is small. Writes OUT as
+  JSON. Samples taken while the main thread waits in the selector are CPU used by other
+  threads (gRPC's), and are reported as such.
 - `cprofile`: cProfile timed by the main thread's CPU clock (`time.thread_time`); exact call
   counts and own times, but cumulative times are wrong across coroutines and greenlets.
   Writes OUT in pstats format.
@@ -20,7 +22,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections import Counter
 from types import FrameType
@@ -45,41 +46,46 @@ def _chain(frame: FrameType | None, into: list[str]) -> FrameType | None:
 
 
 class Sampler:
-    """Counts the main thread's stacks (outermost first) while `running` is set."""
+    """Counts the main thread's stacks (outermost first) on SIGPROF, every 5 ms of CPU.
+
+    The signal handler runs in the main thread between two bytecodes, so a sample lands where
+    the interpreter actually is (a sampling thread would only get the GIL when the main thread
+    releases it, around I/O, and so over-count I/O calls).
+    """
 
     def __init__(self) -> None:
-        self.main = threading.get_ident()
         self.stacks: Counter[tuple[str, ...]] = Counter()
-        self.running = threading.Event()
-        self.stopped = threading.Event()
-        self.main_greenlet: Any = None
+        self.greenlet: Any = None
         try:
             import greenlet
 
-            self.main_greenlet = greenlet.getcurrent()
+            self.greenlet = greenlet
         except ImportError:
             pass
-        self.thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
-    def _sample(self) -> None:
-        frame = sys._current_frames().get(self.main)
-        if frame is None:
-            return
+    def sample(self, signum: int, frame: FrameType | None) -> None:
+        del signum
         names: list[str] = []
         outermost = _chain(frame, names)
-        # Inside a greenlet the chain stops at the greenlet's first frame; the main greenlet,
+        # Inside a greenlet the chain stops at the greenlet's first frame; its parent,
         # suspended in SQLAlchemy's greenlet_spawn, holds the coroutine stack that called it.
-        if outermost is not None and outermost.f_code.co_name not in ROOTS:
-            parent = getattr(self.main_greenlet, "gr_frame", None)
-            if parent is not None:
-                _chain(parent, names)
+        current = self.greenlet.getcurrent() if self.greenlet else None
+        while (
+            current is not None
+            and current.parent is not None
+            and outermost is not None
+            and outermost.f_code.co_name not in ROOTS
+        ):
+            current = current.parent
+            outermost = _chain(current.gr_frame, names)
         self.stacks[tuple(reversed(names))] += 1
 
-    def _run(self) -> None:
-        self.running.wait()
-        while not self.stopped.is_set():
-            time.sleep(INTERVAL_S)
-            self._sample()
+    def start(self) -> None:
+        signal.signal(signal.SIGPROF, self.sample)
+        signal.setitimer(signal.ITIMER_PROF, INTERVAL_S, INTERVAL_S)
+
+    def stop(self) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
 
     def dump(self, path: str) -> None:
         rows = [{"stack": list(stack), "count": n} for stack, n in self.stacks.items()]
@@ -99,14 +105,11 @@ def main() -> int:
             profiler.disable()
             profiler.dump_stats(out)
     sampler = Sampler()
-    sampler.thread.start()
-    signal.signal(signal.SIGUSR1, lambda signum, frame: sampler.running.set())
+    signal.signal(signal.SIGUSR1, lambda signum, frame: sampler.start())
     try:
         return reach(args)
     finally:
-        sampler.stopped.set()
-        sampler.running.set()
-        sampler.thread.join(5)
+        sampler.stop()
         sampler.dump(out)
 
 

@@ -76,7 +76,7 @@ def area(filename: str) -> str:
 def _ours(frame: str) -> str | None:
     """'controller/…/store.py:change_step' for a frame of our code, None otherwise."""
     filename, _, function = frame.rpartition(":")
-    if not filename.startswith(str(REPO)):
+    if not filename.startswith(str(REPO)) or "site-packages" in filename:
         return None
     relative = str(Path(filename).relative_to(REPO))
     if any(part in relative for part in SCAFFOLDING):
@@ -85,7 +85,7 @@ def _ours(frame: str) -> str | None:
 
 
 def _idle(stack: list[str]) -> bool:
-    """Waiting in the event loop's selector (the GIL is released, no CPU used)."""
+    """The main thread waits in the event loop's selector: the CPU went to another thread."""
     leaf = stack[-1] if stack else ""
     return leaf.endswith("selectors.py:select")
 
@@ -108,13 +108,14 @@ def report_samples(name: str, path: Path, top: int, *, steps: int) -> None:
             inclusive[frame] += n
     say(
         "",
-        f"===== {name}: {total:,} samples every {1000 * interval:.0f} ms, busy in {busy:,}"
-        f" ({100 * busy / total:.0f}%); ~{1e6 * busy * interval / steps:.0f} us busy per step",
-        "-- busy time by area of the innermost frame",
+        f"===== {name}: {total:,} samples, one per {1000 * interval:.0f} ms of process CPU"
+        f" (~{1e6 * total * interval / steps:.0f} us CPU per step); main thread busy in {busy:,}"
+        f" ({100 * busy / total:.0f}%), the rest is other threads (gRPC) while it waits",
+        "-- main-thread time by area of the innermost frame",
     )
     for where, n in by_area.most_common(top):
         say(f"  {100 * n / busy:5.1f}%  {where}")
-    say("-- our functions, inclusive share of busy time")
+    say("-- our functions, inclusive share of main-thread time")
     for frame, n in inclusive.most_common(top):
         say(f"  {100 * n / busy:5.1f}%  {frame}")
 

@@ -108,6 +108,7 @@ def test_embedded_sqlite_happy_path(tmp_path: Path) -> None:
                 response = client.post("/v1/tasks", params={"wait": 30}, json=plan(5, 0))
                 assert response.status_code == 200
                 task = response.json()
+            assert dev.terminate() == 0, dev.output()[-3000:]  # SIGTERM drains, exits cleanly
     assert task["status"] == "succeeded"
     assert len(sink.effects()) == 5
     assert len(sink.deliveries_per_key()) == 5

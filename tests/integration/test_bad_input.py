@@ -1,4 +1,4 @@
-"""Generated malformed submissions: every one is a 4xx problem+json, none is stored, none is a 5xx."""
+"""Generated malformed submissions: each is a 4xx problem+json, none is stored, none a 5xx."""
 
 from __future__ import annotations
 

@@ -160,6 +160,12 @@ async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_p
         final = await c.tasks.get(view.task.task_id)
         assert final.steps[0].output == {"from": "fast"}
         assert c.dispatch.counters.results_rejected == 1
+        rejected = [
+            e for e in await c.tasks.events(view.task.task_id) if e.kind == "result_rejected"
+        ]
+        assert [(e.attempt, e.data) for e in rejected] == [
+            (first.attempt, {"executor_id": "slow", "reason": "stale_lease"})
+        ]
 
 
 async def test_heartbeat_extends_and_reports_cancellation(

@@ -140,7 +140,7 @@ class StoreMachine(RuleBasedStateMachine):
                     (
                         await conn.execute(
                             sa.select(events)
-                            .where(events.c.step_id.is_not(None))
+                            .where(events.c.step_id.is_not(None), events.c.to_status.is_not(None))
                             .order_by(events.c.id)
                         )
                     )

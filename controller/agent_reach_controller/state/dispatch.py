@@ -174,20 +174,21 @@ class DispatchService:
         executor_id: str,
     ) -> Ack:
         if step is None or step.status is not StepStatus.RUNNING or step.attempt != result.attempt:
-            return self._reject(
-                step, result, now=now, reason="stale_lease", executor_id=executor_id
+            return await self._reject(
+                conn, step, result, now=now, reason="stale_lease", executor_id=executor_id
             )
         tool = self._registry.get(step.tool, step.tool_version)
         change = decide_result(step, result, tool=tool, now=now, rng=self._rng)
         if not await store.change_step(conn, change, now=now):
-            return self._reject(
-                step, result, now=now, reason="stale_lease", executor_id=executor_id
+            return await self._reject(
+                conn, step, result, now=now, reason="stale_lease", executor_id=executor_id
             )
         self.counters.results_accepted += 1
         return Ack(step_key=result.step_key, attempt=result.attempt, accepted=True)
 
-    def _reject(
+    async def _reject(
         self,
+        conn: AsyncConnection,
         step: StepRow | None,
         result: AttemptResult,
         *,
@@ -195,7 +196,21 @@ class DispatchService:
         reason: str,
         executor_id: str,
     ) -> Ack:
-        del now
+        if step is not None:
+            # Recorded, never applied: the audit trail shows every late or duplicate report.
+            await store.append_events(
+                conn,
+                [
+                    store.NewEvent(
+                        task_id=step.task_id,
+                        step_id=step.step_id,
+                        kind="result_rejected",
+                        attempt=result.attempt,
+                        data={"executor_id": executor_id, "reason": reason},
+                        created_at=now,
+                    )
+                ],
+            )
         self.counters.results_rejected += 1
         self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
         log.info(
