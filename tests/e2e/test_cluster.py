@@ -114,3 +114,41 @@ def test_embedded_sqlite_happy_path(tmp_path: Path) -> None:
     assert len(sink.deliveries_per_key()) == 5
     headers = [r.headers for r in sink.requests("/ledger")]
     assert all(h.get("traceparent", "").split("-")[1] == task["trace_id"] for h in headers)
+
+
+def test_controller_killed_and_restarted_mid_run(postgres_url: str, tmp_path: Path) -> None:
+    with Sink() as sink:
+        sink.script("/ledger", [Response(status=200, json={"ok": True}, delay=0.05)])
+        tools = sink_tools(tmp_path, sink.url)
+        with cluster(tmp_path) as c:
+            args = ["--lease-seconds", "2", "--migrate"]
+            ctl = c.controller("controller", database_url=postgres_url, tools=tools, extra=args)
+            c.executor("executor", controller=ctl, slots=4)
+            with api(ctl) as client:
+                task_ids = [
+                    client.post("/v1/tasks", json=plan(20, 20 * k)).json()["task_id"]
+                    for k in range(5)
+                ]
+            wait_until(lambda: len(sink.requests("/ledger")) >= 10, within=60, what="work to start")
+            ctl.kill()
+            # Same addresses, so the running executor finds it again by itself.
+            http_port, grpc_port = ctl.info["http"].rsplit(":")[1], ctl.info["grpc"].rsplit(":")[1]
+            again = c.controller(
+                "controller-2",
+                database_url=postgres_url,
+                tools=tools,
+                extra=[
+                    *args,
+                    "--http",
+                    f"127.0.0.1:{http_port}",
+                    "--grpc",
+                    f"127.0.0.1:{grpc_port}",
+                ],
+            )
+            with api(again) as client:
+                tasks = wait_until(
+                    lambda: all_terminal(client, task_ids), within=90, what="every task"
+                )
+    steps = [s for t in tasks for s in t["steps"]]
+    assert {s["status"] for s in steps} == {"succeeded"}
+    assert set(sink.deliveries_per_key()) == {s["idempotency_key"] for s in steps}
