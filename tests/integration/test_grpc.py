@@ -23,42 +23,42 @@ async def test_health_reflection_and_protocol(sqlite_url: str, tmp_path: Path) -
         http="127.0.0.1:0",
         grpc="127.0.0.1:0",
     )
-    async with running_controller(settings) as (_, bound):
-        async with grpc.aio.insecure_channel(bound.grpc) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            for service in ("", "agent_reach.v1.ExecutorService"):
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
-                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    async with (
+        running_controller(settings) as (_, bound),
+        grpc.aio.insecure_channel(bound.grpc) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "agent_reach.v1.ExecutorService"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
-            reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-            stream = reflection.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
-            )
-            names = {s.name async for r in stream for s in r.list_services_response.service}
-            assert "agent_reach.v1.ExecutorService" in names
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        stream = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name async for r in stream for s in r.list_services_response.service}
+        assert "agent_reach.v1.ExecutorService" in names
 
-            stub = pb_grpc.ExecutorServiceStub(channel)
-            registered = await stub.Register(
-                pb.RegisterRequest(executor_id="x", connectors=["echo"], slots=2)
-            )
-            assert registered.lease_ms > registered.heartbeat_interval_ms > 0
-            with pytest.raises(grpc.aio.AioRpcError) as missing:
-                await stub.PollSteps(pb.PollStepsRequest(connectors=["echo"], max_steps=1))
-            assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            bad = pb.StepResult(lease=pb.LeaseRef(step_key=1, attempt=1))
-            with pytest.raises(grpc.aio.AioRpcError) as unspecified:
-                await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=[bad]))
-            assert unspecified.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            unknown = pb.StepResult(
-                lease=pb.LeaseRef(step_key=999, attempt=1),
-                outcome=pb.OUTCOME_SUCCEEDED,
-                output_json=b"{}",
-            )
-            acks = await stub.ReportResults(
-                pb.ReportResultsRequest(executor_id="x", results=[unknown])
-            )
-            assert [(a.accepted, a.reason) for a in acks.acks] == [(False, "stale_lease")]
-            empty = await stub.PollSteps(
-                pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=1, wait_ms=50)
-            )
-            assert list(empty.steps) == []
+        stub = pb_grpc.ExecutorServiceStub(channel)
+        registered = await stub.Register(
+            pb.RegisterRequest(executor_id="x", connectors=["echo"], slots=2)
+        )
+        assert registered.lease_ms > registered.heartbeat_interval_ms > 0
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.PollSteps(pb.PollStepsRequest(connectors=["echo"], max_steps=1))
+        assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        bad = pb.StepResult(lease=pb.LeaseRef(step_key=1, attempt=1))
+        with pytest.raises(grpc.aio.AioRpcError) as unspecified:
+            await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=[bad]))
+        assert unspecified.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        unknown = pb.StepResult(
+            lease=pb.LeaseRef(step_key=999, attempt=1),
+            outcome=pb.OUTCOME_SUCCEEDED,
+            output_json=b"{}",
+        )
+        acks = await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=[unknown]))
+        assert [(a.accepted, a.reason) for a in acks.acks] == [(False, "stale_lease")]
+        empty = await stub.PollSteps(
+            pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=1, wait_ms=50)
+        )
+        assert list(empty.steps) == []
