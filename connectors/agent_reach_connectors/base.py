@@ -21,9 +21,11 @@ _SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 class ToolCall:
     """One attempt of one step, as a connector sees it.
 
-    `config` is the tool's connector configuration with `${env:NAME}` references already resolved;
-    `args` are the step's resolved arguments. `idempotency_key` is identical on every attempt of
-    the step: send it downstream so a retried side effect happens once.
+    `config` is the tool's connector configuration as stored: `${env:NAME}` secret references are
+    still references, and a connector resolves them (`resolve_secrets`) at invoke time, so secret
+    values exist only on the executor, only while a call runs. `args` are the step's resolved
+    arguments (never secret-resolved: they come from the model). `idempotency_key` is identical
+    on every attempt of the step: send it downstream so a retried side effect happens once.
     """
 
     tool: str
@@ -125,6 +127,8 @@ def load_connectors(names: Iterable[str] | None = None) -> dict[str, Connector]:
     for name in wanted:
         try:
             connector = found[name].load()()
+            if not isinstance(connector, Connector):
+                raise TypeError(f"entry point {name!r} did not produce a Connector")
         except Exception:
             if names is not None:
                 raise
@@ -134,7 +138,5 @@ def load_connectors(names: Iterable[str] | None = None) -> dict[str, Connector]:
                 extra={"event": "connector_load_failed"},
             )
             continue
-        if not isinstance(connector, Connector):
-            raise TypeError(f"entry point {name!r} did not produce a Connector")
         connectors[name] = connector
     return connectors

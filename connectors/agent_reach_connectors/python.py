@@ -6,19 +6,26 @@ import asyncio
 import importlib
 import inspect
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach_connectors.base import ConnectorError, ToolCall
 
+log = logging.getLogger(__name__)
+
 
 class PythonConnector:
     """Runs `config.function` ("package.module:attr") with the step's arguments as keywords.
 
-    Sync functions run in a worker thread, async ones on the loop. A function may raise
-    ConnectorError for a classified failure; any other exception becomes a non-retryable
-    `connector_error` naming only the exception type, since its text may carry secrets.
+    Sync functions run in a worker thread (`asyncio.to_thread`; a cancelled call cannot stop
+    the thread, only stop waiting for it), async ones on the event loop. The return value must
+    be JSON-serialisable. A function may raise `ConnectorError` for a classified failure; any
+    other exception becomes a non-retryable `connector_error` whose message names only the
+    exception type (`"tool: KeyError"`), because exception text may carry secrets; the full
+    traceback goes to the executor's log for engineers. Arguments that do not fit the
+    function's signature are `invalid_arguments`. Imported callables are cached per path.
     """
 
     name = "python"
@@ -27,66 +34,86 @@ class PythonConnector:
         self._functions: dict[str, Callable[..., Any]] = {}
 
     async def start(self) -> None:
+        """Nothing to open."""
         return None
 
     async def close(self) -> None:
+        """Nothing to release."""
         return None
 
     def _function(self, tool: str, path: Any) -> Callable[..., Any]:
-        if not isinstance(path, str) or ":" not in path:
-            raise ConnectorError(
-                ErrorCode.CONNECTOR_ERROR,
-                f"{tool}: config.function must look like 'package.module:function'",
-                retryable=False,
-            )
-        if path not in self._functions:
-            module_name, _, attr = path.partition(":")
-            try:
-                target: Any = importlib.import_module(module_name)
-                for part in attr.split("."):
-                    target = getattr(target, part)
-            except (ImportError, AttributeError):
-                raise ConnectorError(
-                    ErrorCode.CONNECTOR_ERROR, f"{tool}: cannot import {path}", retryable=False
-                ) from None
-            if not callable(target):
-                raise ConnectorError(
-                    ErrorCode.CONNECTOR_ERROR, f"{tool}: {path} is not callable", retryable=False
-                )
-            self._functions[path] = target
-        return self._functions[path]
+        if not isinstance(path, str) or path.count(":") != 1:
+            raise _fatal(tool, "config.function must look like 'package.module:function'")
+        cached = self._functions.get(path)
+        if cached is not None:
+            return cached
+        module_name, _, attr = path.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                target = getattr(target, part)
+        except ImportError as exc:
+            raise _fatal(
+                tool, f"cannot import module {module_name} ({type(exc).__name__})"
+            ) from None
+        except AttributeError:
+            raise _fatal(tool, f"module {module_name} has no attribute {attr}") from None
+        if not callable(target):
+            raise _fatal(tool, f"{path} is not callable")
+        function: Callable[..., Any] = target
+        self._functions[path] = function
+        return function
 
     async def invoke(self, call: ToolCall) -> Any:
+        """Call the function with `call.args`; return its JSON-serialisable result."""
         function = self._function(call.tool, call.config.get("function"))
+        _check_arguments(call.tool, function, call.args)
         try:
-            if inspect.iscoroutinefunction(function):
+            if _is_async(function):
                 result = await function(**call.args)
             else:
                 result = await asyncio.to_thread(function, **call.args)
+                if inspect.isawaitable(result):
+                    result = await result
         except ConnectorError:
             raise
-        except TypeError as exc:
-            if "argument" in str(exc):
-                raise ConnectorError(
-                    ErrorCode.INVALID_ARGUMENTS,
-                    f"{call.tool}: the arguments do not match the function's parameters",
-                    retryable=False,
-                ) from None
-            raise _crash(call.tool, exc) from None
-        except Exception as exc:
-            raise _crash(call.tool, exc) from None
+        except (Exception, SystemExit) as exc:
+            log.warning(
+                "tool %s: function raised %s",
+                call.tool,
+                type(exc).__name__,
+                exc_info=exc,
+                extra={"event": "python_function_failed", "tool": call.tool},
+            )
+            raise _fatal(call.tool, type(exc).__name__) from None
         try:
-            json.dumps(result)
+            json.dumps(result, allow_nan=False)
         except (TypeError, ValueError):
-            raise ConnectorError(
-                ErrorCode.CONNECTOR_ERROR,
-                f"{call.tool}: the function returned a value that is not JSON",
-                retryable=False,
-            ) from None
+            raise _fatal(call.tool, "the function returned a value that is not JSON") from None
         return result
 
 
-def _crash(tool: str, exc: Exception) -> ConnectorError:
-    return ConnectorError(
-        ErrorCode.CONNECTOR_ERROR, f"{tool}: {type(exc).__name__}", retryable=False
-    )
+def _fatal(tool: str, what: str) -> ConnectorError:
+    return ConnectorError(ErrorCode.CONNECTOR_ERROR, f"{tool}: {what}", retryable=False)
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    call = getattr(function, "__call__", None)  # noqa: B004  (async callable objects)
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
+def _check_arguments(tool: str, function: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """Bind before calling, so a TypeError inside the function is not blamed on the arguments."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # some builtins have no signature: let the call decide
+    try:
+        signature.bind(**args)
+    except TypeError as exc:
+        # The binder's text names parameters only, never argument values.
+        raise ConnectorError(
+            ErrorCode.INVALID_ARGUMENTS,
+            f"{tool}: the arguments do not fit the function ({exc})",
+            retryable=False,
+        ) from None

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import time
 from typing import Any
 
 from agent_reach_connectors import ConnectorError
+
+CANARY = "canary-3f9a1c"
 
 
 def add(a: int, b: int) -> dict[str, int]:
@@ -17,8 +22,36 @@ async def greet(name: str) -> str:
     return f"hello {name}"
 
 
+class Doubler:
+    """An object whose async __call__ must be awaited on the loop, not run in a thread."""
+
+    async def __call__(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+
+double = Doubler()
+
+
+def thread_name() -> str:
+    return threading.current_thread().name
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
 def leaky() -> None:
-    raise RuntimeError("password=canary-3f9a1c")
+    raise RuntimeError(f"password={CANARY}")
+
+
+def broken_inside(x: int) -> None:
+    len(x)  # type: ignore[arg-type]  # a TypeError raised by the body, not by the arguments
+
+
+def exits() -> None:
+    sys.exit(3)
 
 
 def classified() -> None:
@@ -27,6 +60,10 @@ def classified() -> None:
 
 def not_json() -> Any:
     return object()
+
+
+def not_a_number() -> float:
+    return float("nan")
 
 
 NOT_CALLABLE = 42
