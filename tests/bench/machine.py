@@ -60,7 +60,15 @@ def header_lines(admin_url: str) -> list[str]:
         f"python    {platform.python_version()} ({platform.python_implementation()})",
         f"postgres  {postgres_version(admin_url)}",
         f"date      {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
+        _load_line(),
     ]
+
+
+def _load_line() -> str:
+    busy = machine_busy()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    warning = "  WARNING: something else is using the CPU" if busy > 10 else ""
+    return f"load      {busy:.0f}% of all cores busy before the start; load average {load}{warning}"
 
 
 def memory_mib(pid: int) -> tuple[float, float] | None:
@@ -110,11 +118,34 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
     snapshot = {name: cpu_seconds(pid) for name, pid in pids.items()}
     snapshot["postgres"] = postgres_cpu_seconds()
     snapshot["load generator"] = time.process_time()
+    snapshot[_MACHINE] = _cpu_ticks()[0] / _TICK
     return snapshot
+
+
+_MACHINE = "whole machine"
 
 
 def cpu_shares(
     before: dict[str, float], after: dict[str, float], seconds: float
 ) -> dict[str, float]:
-    """Percent of one core each used between two snapshots `seconds` apart."""
-    return {name: 100 * (after[name] - before[name]) / seconds for name in before}
+    """Percent of one core each used between two snapshots `seconds` apart; `other` is what the
+    rest of the machine used meanwhile (more than a few percent disturbs the figures)."""
+    shares = {name: 100 * (after[name] - before[name]) / seconds for name in before}
+    machine = shares.pop(_MACHINE)
+    shares["other"] = max(0.0, machine - sum(shares.values()))
+    return shares
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def machine_busy(seconds: float = 1.0) -> float:
+    """Percent of all cores busy over the next `seconds` (before the bench starts anything)."""
+    busy0, total0 = _cpu_ticks()
+    time.sleep(seconds)
+    busy1, total1 = _cpu_ticks()
+    return 100 * (busy1 - busy0) / max(1, total1 - total0)

@@ -4,9 +4,9 @@ AGENT_REACH_BENCH_PROFILER picks the profiler:
 
 - `sample` (default): the main thread's Python stack is counted on SIGPROF, every 5 ms of
   process CPU time. Inclusive figures are trustworthy under asyncio, and SQLAlchemy's greenlets
-  are followed back to the coroutine that started them; the overhead is small. Writes OUT as
-  JSON. Samples taken while the main thread waits in the selector are CPU used by other
-  threads (gRPC's), and are reported as such.
+  are followed back to the coroutine that started them; the overhead is small. Samples taken
+  while the main thread waits in the selector are CPU used by other threads (gRPC's). SQL
+  statements sent through SQLAlchemy are counted by verb and table too. Writes OUT as JSON.
 - `cprofile`: cProfile timed by the main thread's CPU clock (`time.thread_time`); exact call
   counts and own times, but cumulative times are wrong across coroutines and greenlets.
   Writes OUT in pstats format.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import cProfile
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -87,10 +88,39 @@ class Sampler:
     def stop(self) -> None:
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
 
-    def dump(self, path: str) -> None:
+    def dump(self, path: str, sql: Counter[str]) -> None:
         rows = [{"stack": list(stack), "count": n} for stack, n in self.stacks.items()]
         with open(path, "w") as handle:
-            json.dump({"interval_s": INTERVAL_S, "stacks": rows}, handle)
+            json.dump({"interval_s": INTERVAL_S, "stacks": rows, "sql": dict(sql)}, handle)
+
+
+class SqlCounter:
+    """Counts the SQL statements and commits SQLAlchemy sends, by verb and table."""
+
+    SHAPE = re.compile(r"^\s*(INSERT INTO|UPDATE|DELETE FROM|SELECT\b.*?\bFROM|\w+)\s*(\w*)", re.S)
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def start(self) -> None:
+        """Listen on every engine, if this process uses SQLAlchemy at all (the controller)."""
+        if "sqlalchemy" not in sys.modules:
+            return
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        event.listen(Engine, "before_cursor_execute", self._statement)
+        event.listen(Engine, "commit", self._commit)
+
+    def _statement(self, conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        match = self.SHAPE.match(sql)
+        verb, table = (match.group(1), match.group(2)) if match else (sql[:20], "")
+        if verb.upper().startswith("SELECT"):
+            verb = "SELECT"
+        self.counts[f"{verb.upper()} {table}".strip()] += 1
+
+    def _commit(self, conn: Any) -> None:
+        self.counts["COMMIT"] += 1
 
 
 def main() -> int:
@@ -104,13 +134,19 @@ def main() -> int:
         finally:
             profiler.disable()
             profiler.dump_stats(out)
-    sampler = Sampler()
-    signal.signal(signal.SIGUSR1, lambda signum, frame: sampler.start())
+    sampler, sql = Sampler(), SqlCounter()
+
+    def start(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        sql.start()
+        sampler.start()
+
+    signal.signal(signal.SIGUSR1, start)
     try:
         return reach(args)
     finally:
         sampler.stop()
-        sampler.dump(out)
+        sampler.dump(out, sql.counts)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,12 @@ def report_samples(name: str, path: Path, top: int, *, steps: int) -> None:
     say("-- our functions, inclusive share of main-thread time")
     for frame, n in inclusive.most_common(top):
         say(f"  {100 * n / busy:5.1f}%  {frame}")
+    sql: dict[str, int] = data.get("sql") or {}
+    if sql:
+        statements = sum(n for kind, n in sql.items() if kind != "COMMIT")
+        say(f"-- SQL through SQLAlchemy: {statements / steps:.2f} statements per step")
+        for kind, n in sorted(sql.items(), key=lambda kv: -kv[1]):
+            say(f"  {n / steps:6.3f}/step  {n:8,}  {kind}")
 
 
 def report_cprofile(name: str, path: Path, top: int, *, steps: int) -> None:

@@ -56,6 +56,10 @@ class Throughput:
     controller_mib: tuple[float, float] | None
     executor_mib: tuple[float, float] | None
     cpu_percent: dict[str, float]  # of one core, first submit -> all done, per process group
+    cpu_window_s: float  # the span cpu_percent is measured over
+
+    def cpu_us_per_step(self, name: str) -> float:
+        return self.cpu_percent[name] / 100 * self.cpu_window_s / self.steps * 1e6
 
     @property
     def rate(self) -> float:
@@ -90,6 +94,7 @@ class Latency:
     rtts_ms: list[float]  # submit HTTP round trip
     max_send_lag_ms: float  # how late the generator sent against its schedule
     elapsed_s: float  # first to last send
+    backlog_s: float  # last lease - last send: how far behind the offered load the system fell
     cpu_percent: dict[str, float]  # of one core, while sending
 
 
@@ -309,7 +314,8 @@ async def throughput(stack: Stack, config: Config) -> Throughput:
     cpu_before, cpu_began = cpu_snapshot(pids), time.time()
     first, submitted, ids = await submit_plans(stack, bodies, config.submitters)
     await wait_finished(stack, 1 + plans, within=_deadline(config.steps))
-    cpu = cpu_shares(cpu_before, cpu_snapshot(pids), time.time() - cpu_began)
+    window = time.time() - cpu_began
+    cpu = cpu_shares(cpu_before, cpu_snapshot(pids), window)
     memory = {name: memory_mib(pid) for name, pid in pids.items()}
     (last,) = await _one_row(
         stack,
@@ -324,6 +330,7 @@ async def throughput(stack: Stack, config: Config) -> Throughput:
         controller_mib=memory["controller"],
         executor_mib=memory["executor"],
         cpu_percent=cpu,
+        cpu_window_s=window,
     )
 
 
@@ -400,5 +407,6 @@ async def latency(stack: Stack, config: Config) -> Latency:
         rtts_ms=rtts,
         max_send_lag_ms=max(lags) * 1000,
         elapsed_s=sends[-1] - sends[0],
+        backlog_s=max(started.values()) - sends[-1],
         cpu_percent=cpu,
     )
