@@ -10,14 +10,23 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import uuid
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, is_legal
 from agent_reach_controller.db import migrate
@@ -26,37 +35,37 @@ from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.state.tasks import SubmitInput
+from tests.conftest import POSTGRES_ADMIN
 from tests.integration.stack import failed, ok, write_tools
 
-_TEMPLATE: dict[str, Path] = {}
+_SHARED: dict[str, Any] = {}
 
 
-def _template_db() -> Path:
-    if "db" not in _TEMPLATE:
-        directory = Path(tempfile.mkdtemp(prefix="reach-prop-"))
-        path = directory / "template.db"
-        migrate.upgrade(f"sqlite:///{path}")
-        _TEMPLATE["db"] = path
-        _TEMPLATE["tools"] = write_tools(directory)
-    return _TEMPLATE["db"]
+def _tools() -> Path:
+    if "tools" not in _SHARED:
+        _SHARED["tools"] = write_tools(Path(tempfile.mkdtemp(prefix="reach-prop-")))
+    tools: Path = _SHARED["tools"]
+    return tools
 
 
 class StoreMachine(RuleBasedStateMachine):
+    """The rules and the invariant; subclasses say which database each example gets."""
+
     def __init__(self) -> None:
         super().__init__()
-        template = _template_db()
-        self.dir = Path(tempfile.mkdtemp(prefix="reach-prop-run-"))
-        db = self.dir / "run.db"
-        shutil.copy(template, db)
         self.loop = asyncio.new_event_loop()
         self.c: Components = self.loop.run_until_complete(
-            open_components(
-                ControllerSettings(database_url=f"sqlite:///{db}", tools=[_TEMPLATE["tools"]])
-            )
+            open_components(ControllerSettings(database_url=self.make_database(), tools=[_tools()]))
         )
         self.held: list[Any] = []
         self.stale: list[Any] = []
         self.tasks: list[str] = []
+
+    def make_database(self) -> str:
+        raise NotImplementedError
+
+    def drop_database(self) -> None:
+        raise NotImplementedError
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -64,7 +73,7 @@ class StoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.run(self.c.close())
         self.loop.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.drop_database()
 
     @rule(
         size=st.integers(1, 4), chained=st.booleans(), when=st.sampled_from([None, "true", "false"])
@@ -119,7 +128,7 @@ class StoreMachine(RuleBasedStateMachine):
                 await conn.execute(
                     sa.update(steps)
                     .where(steps.c.id == step.id, steps.c.status == "running")
-                    .values(lease_expires_at=sa.func.datetime("now", "-1 minute"))
+                    .values(lease_expires_at=datetime.now(UTC) - timedelta(minutes=1))
                 )
             await self.c.dispatch.reap_expired()
 
@@ -167,10 +176,46 @@ class StoreMachine(RuleBasedStateMachine):
             assert status == last[key]
 
 
-StoreMachine.TestCase.settings = settings(
+class SqliteStoreMachine(StoreMachine):
+    def make_database(self) -> str:
+        if "sqlite" not in _SHARED:
+            template = Path(tempfile.mkdtemp(prefix="reach-prop-")) / "template.db"
+            migrate.upgrade(f"sqlite:///{template}")
+            _SHARED["sqlite"] = template
+        self.dir = Path(tempfile.mkdtemp(prefix="reach-prop-run-"))
+        shutil.copy(_SHARED["sqlite"], self.dir / "run.db")
+        return f"sqlite:///{self.dir}/run.db"
+
+    def drop_database(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresStoreMachine(StoreMachine):
+    """The same rules on Postgres, where transitions are applied set-based."""
+
+    template: str = ""
+
+    def make_database(self) -> str:
+        self.name = f"reach_prop_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{self.name}" TEMPLATE "{self.template}"')
+        return POSTGRES_ADMIN.rsplit("/", 1)[0] + f"/{self.name}"
+
+    def drop_database(self) -> None:
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+PROPERTY_SETTINGS = settings(
     max_examples=25,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStoreMachine = StoreMachine.TestCase
+TestSqliteStoreMachine = SqliteStoreMachine.TestCase
+TestSqliteStoreMachine.settings = PROPERTY_SETTINGS
+
+
+def test_postgres_store_machine(postgres_template: str) -> None:
+    PostgresStoreMachine.template = postgres_template
+    run_state_machine_as_test(PostgresStoreMachine, settings=PROPERTY_SETTINGS)

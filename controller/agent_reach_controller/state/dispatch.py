@@ -16,7 +16,7 @@ from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
 from agent_reach_controller.state.notifier import Notifier
 from agent_reach_controller.state.outcomes import AttemptResult, decide_lease_expiry, decide_result
-from agent_reach_controller.state.records import StepRow
+from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.tasks import TaskService
 
@@ -152,10 +152,7 @@ class DispatchService:
             await store.lock_tasks(conn, task_ids)
             current = await store.load_steps_by_key(conn, first_look)
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
-            acks = [
-                await self._apply(conn, current.get(r.step_key), r, now, executor_id)
-                for r in results
-            ]
+            acks = await self._apply(conn, current, results, now=now, executor_id=executor_id)
             advanced = await self._tasks.advance(conn, task_ids, now=now)
             await self._notifier.publish(
                 conn,
@@ -168,23 +165,48 @@ class DispatchService:
     async def _apply(
         self,
         conn: AsyncConnection,
-        step: StepRow | None,
-        result: AttemptResult,
+        current: dict[int, StepRow],
+        results: Sequence[AttemptResult],
+        *,
         now: datetime,
         executor_id: str,
-    ) -> Ack:
-        if step is None or step.status is not StepStatus.RUNNING or step.attempt != result.attempt:
-            return await self._reject(
-                conn, step, result, now=now, reason="stale_lease", executor_id=executor_id
+    ) -> list[Ack]:
+        """Decide every result, apply the batch in one compare-and-set, ack each in order."""
+        decided: list[tuple[AttemptResult, StepChange | None, str]] = []
+        seen: set[int] = set()
+        for result in results:
+            step = current.get(result.step_key)
+            if result.step_key in seen:
+                decided.append((result, None, "duplicate"))
+            elif (
+                step is None
+                or step.status is not StepStatus.RUNNING
+                or step.attempt != result.attempt
+            ):
+                decided.append((result, None, "stale_lease"))
+            else:
+                tool = self._registry.get(step.tool, step.tool_version)
+                decision = decide_result(step, result, tool=tool, now=now, rng=self._rng)
+                decided.append((result, decision, ""))
+            seen.add(result.step_key)
+        moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
+        acks = []
+        for result, change, reason in decided:
+            if change is not None and change.step.id in moved:
+                self.counters.results_accepted += 1
+                acks.append(Ack(step_key=result.step_key, attempt=result.attempt, accepted=True))
+                continue
+            acks.append(
+                await self._reject(
+                    conn,
+                    current.get(result.step_key),
+                    result,
+                    now=now,
+                    reason=reason or "stale_lease",
+                    executor_id=executor_id,
+                )
             )
-        tool = self._registry.get(step.tool, step.tool_version)
-        change = decide_result(step, result, tool=tool, now=now, rng=self._rng)
-        if not await store.change_step(conn, change, now=now):
-            return await self._reject(
-                conn, step, result, now=now, reason="stale_lease", executor_id=executor_id
-            )
-        self.counters.results_accepted += 1
-        return Ack(step_key=result.step_key, attempt=result.attempt, accepted=True)
+        return acks
 
     async def _reject(
         self,
@@ -238,22 +260,25 @@ class DispatchService:
             expired = await store.expired_leases(conn, now=now, limit=limit)
         if not expired:
             return 0
-        reaped = 0
         async with self._db.transaction() as conn:
             await store.lock_tasks(conn, {s.task_id for s in expired})
             current = await store.load_steps_by_key(conn, (s.id for s in expired))
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
-            connectors = set()
-            for step in current.values():
-                if step.status is not StepStatus.RUNNING or step.lease_expires_at is None:
-                    continue
-                if step.lease_expires_at >= now:
-                    continue
-                tool = self._registry.get(step.tool, step.tool_version)
-                change = decide_lease_expiry(step, tool=tool, now=now, rng=self._rng)
-                if await store.change_step(conn, change, now=now):
-                    reaped += 1
-                    connectors.add(step.connector)
+            changes = [
+                decide_lease_expiry(
+                    step,
+                    tool=self._registry.get(step.tool, step.tool_version),
+                    now=now,
+                    rng=self._rng,
+                )
+                for step in current.values()
+                if step.status is StepStatus.RUNNING
+                and step.lease_expires_at is not None
+                and step.lease_expires_at < now
+            ]
+            moved = await store.change_steps(conn, changes, now=now)
+            reaped = len(moved)
+            connectors = {c.step.connector for c in changes if c.step.id in moved}
             advanced = await self._tasks.advance(
                 conn, {s.task_id for s in current.values()}, now=now
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,7 +13,14 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, Transition, apply, sources, target
-from agent_reach_controller.db.schema import events, idempotency_keys, steps, tasks, tools
+from agent_reach_controller.db.schema import (
+    UtcDateTime,
+    events,
+    idempotency_keys,
+    steps,
+    tasks,
+    tools,
+)
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 
 
@@ -91,43 +99,125 @@ async def insert_steps(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) ->
     return sorted((StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position)
 
 
+def _transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
+    return NewEvent(
+        task_id=change.step.task_id,
+        step_id=change.step.step_id,
+        kind=change.transition.value,
+        from_status=change.step.status,
+        to_status=target(change.transition),
+        attempt=attempt,
+        data=dict(change.event_data) if change.event_data else None,
+        created_at=now,
+    )
+
+
 async def change_step(conn: AsyncConnection, change: StepChange, *, now: datetime) -> bool:
     """Apply one transition as a compare-and-set on (status, attempt) and record its event.
 
     Returns False, writing nothing, when the step is no longer in the state it was read in (a
     concurrent transition won, or the result is from an older attempt).
     """
-    step = change.step
-    to = apply(step.status, change.transition)  # raises IllegalTransitionError
-    stmt = (
-        sa.update(steps)
-        .where(
-            steps.c.id == step.id,
-            steps.c.status == step.status,
-            steps.c.attempt == step.attempt,
-        )
-        .values(status=to, updated_at=now, **dict(change.values))
-        .returning(steps.c.attempt)
-    )
-    row = (await conn.execute(stmt)).first()
-    if row is None:
-        return False
+    return bool(await change_steps(conn, [change], now=now))
+
+
+async def change_steps(
+    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+) -> set[int]:
+    """Apply many transitions, each a compare-and-set on (status, attempt), with their events.
+
+    Returns the keys of the steps that moved; a step missing from it had already moved on (a
+    concurrent transition won, or the result is from an older attempt) and nothing was written
+    for it. On Postgres each group of like changes is one statement; SQLite takes them one by one.
+    """
+    for change in changes:
+        apply(change.step.status, change.transition)  # raises IllegalTransitionError
+    if not changes:
+        return set()
+    if conn.dialect.name == "postgresql":
+        moved = await _change_steps_set_based(conn, changes, now=now)
+    else:
+        moved = {}
+        for change in changes:
+            moved.update(await _change_one(conn, change, now=now))
     await append_events(
         conn,
         [
-            NewEvent(
-                task_id=step.task_id,
-                step_id=step.step_id,
-                kind=change.transition.value,
-                from_status=step.status,
-                to_status=to,
-                attempt=row[0],
-                data=dict(change.event_data) if change.event_data else None,
-                created_at=now,
-            )
+            _transition_event(c, attempt=moved[c.step.id], now=now)
+            for c in changes
+            if c.step.id in moved
         ],
     )
-    return True
+    return set(moved)
+
+
+async def _change_one(
+    conn: AsyncConnection, change: StepChange, *, now: datetime
+) -> dict[int, int]:
+    step = change.step
+    stmt = (
+        sa.update(steps)
+        .where(
+            steps.c.id == step.id, steps.c.status == step.status, steps.c.attempt == step.attempt
+        )
+        .values(status=target(change.transition), updated_at=now, **dict(change.values))
+        .returning(steps.c.id, steps.c.attempt)
+    )
+    return {r[0]: r[1] for r in (await conn.execute(stmt)).all()}
+
+
+def _sql_type(column: sa.Column[Any]) -> str:
+    kind = column.type
+    if isinstance(kind, UtcDateTime):
+        return "timestamptz"
+    if isinstance(kind, sa.Integer):
+        return "bigint"
+    if isinstance(kind, sa.Boolean):
+        return "boolean"
+    if isinstance(kind, sa.String | sa.Text):
+        return "text"
+    return "jsonb"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot store {type(value).__name__}")
+
+
+async def _change_steps_set_based(
+    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+) -> dict[int, int]:
+    """UPDATE … FROM jsonb_to_recordset(:rows): one statement per set of columns changed."""
+    groups: dict[tuple[str, ...], list[StepChange]] = {}
+    for change in changes:
+        groups.setdefault(tuple(sorted(change.values)), []).append(change)
+    moved: dict[int, int] = {}
+    for columns, group in groups.items():
+        fields = ", ".join(f"{c} {_sql_type(steps.c[c])}" for c in columns)
+        sets = "".join(f", {c} = v.{c}" for c in columns)
+        sql = sa.text(
+            "UPDATE steps AS s SET status = v.new_status, updated_at = :now"
+            + sets
+            + " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, seen_status text,"
+            " seen_attempt bigint, new_status text" + (", " + fields if fields else "") + ")"
+            " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
+            " RETURNING s.id, s.attempt"
+        ).bindparams(sa.bindparam("now", type_=UtcDateTime()))
+        rows = [
+            {
+                "id": c.step.id,
+                "seen_status": c.step.status.value,
+                "seen_attempt": c.step.attempt,
+                "new_status": target(c.transition).value,
+                **c.values,
+            }
+            for c in group
+        ]
+        payload = json.dumps(rows, default=_json_default, separators=(",", ":"))
+        result = await conn.execute(sql, {"rows": payload, "now": now})
+        moved.update({r[0]: r[1] for r in result.all()})
+    return moved
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

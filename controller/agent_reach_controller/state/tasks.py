@@ -149,21 +149,26 @@ class TaskService:
             by_task[step.task_id].append(step)
         await self._registry.ensure((s.tool, s.tool_version) for s in by_task_steps(by_task))
         result = Advanced(ready_connectors=set(), finished_tasks=set())
+        changes: list[StepChange] = []
         for task_id in ids:
-            task = tasks.get(task_id)
-            if task is None:
-                continue
-            steps = by_task[task_id]
-            changes = decide_unblocks(
-                AdvanceInput(steps=steps, context=task.context, tool_of=self._registry.get, now=now)
-            )
-            statuses = {s.step_id: s.status for s in steps}
-            for change in changes:
-                if await store.change_step(conn, change, now=now):
-                    statuses[change.step.step_id] = target(change.transition)
-                    if change.transition is Transition.UNBLOCK:
-                        result.ready_connectors.add(change.step.connector)
-            await self._settle(conn, task, list(statuses.values()), now=now, result=result)
+            if task_id in tasks:
+                changes += decide_unblocks(
+                    AdvanceInput(
+                        steps=by_task[task_id],
+                        context=tasks[task_id].context,
+                        tool_of=self._registry.get,
+                        now=now,
+                    )
+                )
+        moved = await store.change_steps(conn, changes, now=now)
+        after = {c.step.id: target(c.transition) for c in changes if c.step.id in moved}
+        result.ready_connectors.update(
+            c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
+        )
+        for task_id in ids:
+            if task_id in tasks:
+                statuses = [after.get(s.id, s.status) for s in by_task[task_id]]
+                await self._settle(conn, tasks[task_id], statuses, now=now, result=result)
         return result
 
     async def _settle(
@@ -213,18 +218,22 @@ class TaskService:
                 steps = await store.load_steps(conn, [task_id])
                 await self._registry.ensure((s.tool, s.tool_version) for s in steps)
                 error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
-                for step in steps:
-                    if step.status in TERMINAL_STEP_STATES:
-                        continue
-                    tool = self._registry.get(step.tool, step.tool_version)
-                    values = terminal_values(
-                        step, tool=tool, transition=Transition.CANCEL, now=now, error=error
+                changes = [
+                    StepChange(
+                        step=step,
+                        transition=Transition.CANCEL,
+                        values=terminal_values(
+                            step,
+                            tool=self._registry.get(step.tool, step.tool_version),
+                            transition=Transition.CANCEL,
+                            now=now,
+                            error=error,
+                        ),
                     )
-                    await store.change_step(
-                        conn,
-                        StepChange(step=step, transition=Transition.CANCEL, values=values),
-                        now=now,
-                    )
+                    for step in steps
+                    if step.status not in TERMINAL_STEP_STATES
+                ]
+                await store.change_steps(conn, changes, now=now)
                 advanced = await self.advance(conn, [task_id], now=now)
                 await self._notifier.publish(conn, tasks=advanced.finished_tasks)
             view = await self._view(conn, task_id)
