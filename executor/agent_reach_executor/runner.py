@@ -43,7 +43,7 @@ class StepRunner:
 
     async def run(self, assignment: Assignment) -> StepResult:
         started = self._clock()
-        log.info(
+        log.debug(
             "step %s/%s started: %s attempt %d",
             assignment.task_id,
             assignment.step_id,
@@ -62,7 +62,7 @@ class StepRunner:
             started_at_ms=started,
             finished_at_ms=self._clock(),
         )
-        log.info(
+        log.debug(
             "step %s/%s finished: %s in %d ms",
             assignment.task_id,
             assignment.step_id,

@@ -178,7 +178,7 @@ async def test_missing_timeout_uses_the_default() -> None:
 
 
 async def test_step_started_and_finished_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)  # per-step lines are DEBUG: they are hot-path cost
 
     async def ok(call: ToolCall) -> Any:
         return None

@@ -54,10 +54,10 @@ async def test_concurrent_submits_with_one_key_make_one_task(
         plan = parse_plan(body, one.catalog)
 
         async def attempt(c):
-            view, _ = await c.tasks.submit(
+            submitted = await c.tasks.submit(
                 SubmitInput(plan=plan, request=body, idempotency_key="same")
             )
-            return view.task.task_id
+            return submitted.task_id
 
         ids = await asyncio.gather(*(attempt(c) for c in (one, two) * 5), return_exceptions=True)
         assert not [i for i in ids if isinstance(i, IdempotencyConflictError)]

@@ -15,10 +15,10 @@ from tests.integration.stack import components_for, failed, ok, write_tools
 
 
 async def submit(c: Components, body: dict, *, key: str | None = None):
-    view, created = await c.tasks.submit(
+    submitted = await c.tasks.submit(
         SubmitInput(plan=parse_plan(body, c.catalog), request=body, idempotency_key=key)
     )
-    return view, created
+    return await c.tasks.get(submitted.task_id), submitted.created
 
 
 def chain_plan(when: str = "steps.a.output.go == true") -> dict:

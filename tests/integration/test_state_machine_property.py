@@ -88,10 +88,10 @@ class StoreMachine(RuleBasedStateMachine):
                     step["when"] = when
             body_steps.append(step)
         body = {"steps": body_steps}
-        view, _ = self.run(
+        submitted = self.run(
             self.c.tasks.submit(SubmitInput(plan=parse_plan(body, self.c.catalog), request=body))
         )
-        self.tasks.append(view.task.task_id)
+        self.tasks.append(submitted.task_id)
 
     @rule(limit=st.integers(1, 5))
     def claim(self, limit: int) -> None:

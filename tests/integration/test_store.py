@@ -24,7 +24,10 @@ def succeed(step, output: object) -> StepChange:
 
 async def test_stale_row_changes_nothing(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await c.tasks.submit(SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY))
+        submitted = await c.tasks.submit(
+            SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY)
+        )
+        view = await c.tasks.get(submitted.task_id)
         [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
         now = datetime.now(UTC)
         async with c.db.transaction() as conn:
@@ -43,7 +46,10 @@ async def test_stale_row_changes_nothing(database_url: str, tmp_path: Path) -> N
 
 async def test_illegal_transition_is_refused_before_sql(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await c.tasks.submit(SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY))
+        submitted = await c.tasks.submit(
+            SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY)
+        )
+        view = await c.tasks.get(submitted.task_id)
         ready = view.steps[0]
         async with c.db.transaction() as conn:
             with pytest.raises(IllegalTransitionError):

@@ -90,7 +90,7 @@ async def submit_task(
     body = await _read_json(request, deps.settings.max_body_bytes)
     plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
     parent = parse_traceparent(traceparent)
-    view, _created = await deps.tasks.submit(
+    submitted = await deps.tasks.submit(
         SubmitInput(
             plan=plan,
             request=body,
@@ -99,16 +99,16 @@ async def submit_task(
             parent_span_id=parent[1] if parent else None,
         )
     )
-    headers = {"Location": f"/v1/tasks/{view.task.task_id}"}
+    headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
     if wait > 0:
         view = await deps.tasks.wait(
-            view.task.task_id, within=min(wait, deps.settings.max_wait_seconds)
+            submitted.task_id, within=min(wait, deps.settings.max_wait_seconds)
         )
         status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
         out = task_out(view, budget=deps.settings.receipt_budget_chars)
         return JSONResponse(out.model_dump(mode="json"), status_code=status, headers=headers)
     accepted = schemas.TaskAccepted(
-        task_id=view.task.task_id, trace_id=view.task.trace_id, status=view.task.status
+        task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status
     )
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_reach.states import StepStatus
+from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
 from agent_reach_controller.state.notifier import Notifier
@@ -81,8 +81,15 @@ class DispatchService:
         self, *, executor_id: str, connectors: Sequence[str], limit: int
     ) -> list[StepRow]:
         """Lease up to `limit` ready steps now; empty when there are none."""
+        claimed, _ = await self._claim(executor_id=executor_id, connectors=connectors, limit=limit)
+        return claimed
+
+    async def _claim(
+        self, *, executor_id: str, connectors: Sequence[str], limit: int
+    ) -> tuple[list[StepRow], datetime | None]:
+        """One transaction: lease what is ready, or say when the next deferred step is due."""
         if limit <= 0 or not connectors:
-            return []
+            return [], None
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
             claimed = await store.claim_ready(
@@ -95,10 +102,11 @@ class DispatchService:
                     lease_expires_at=now + self.timings.lease,
                 ),
             )
-        if claimed:
-            self.counters.leased += len(claimed)
-            await self._mark_tasks_running({s.task_id for s in claimed}, now=now)
-        return claimed
+            if not claimed:
+                return [], await store.next_due(conn, connectors)
+            await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+        self.counters.leased += len(claimed)
+        return claimed, None
 
     async def poll(
         self, *, executor_id: str, connectors: Sequence[str], limit: int, wait: float
@@ -108,13 +116,13 @@ class DispatchService:
         deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
         while True:
             since = self._notifier.generation()
-            claimed = await self.claim(executor_id=executor_id, connectors=connectors, limit=limit)
+            claimed, due = await self._claim(
+                executor_id=executor_id, connectors=connectors, limit=limit
+            )
             remaining = deadline - loop.time()
             if claimed or remaining <= 0:
                 return claimed
             pause = min(remaining, self.timings.recheck)
-            async with self._db.transaction() as conn:
-                due = await store.next_due(conn, connectors)
             if due is not None:
                 pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
             await self._notifier.wait(since, within=pause)
@@ -147,16 +155,17 @@ class DispatchService:
             return []
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
-            first_look = await store.load_steps_by_key(conn, (r.step_key for r in results))
-            task_ids = {s.task_id for s in first_look.values()}
-            await store.lock_tasks(conn, task_ids)
-            current = await store.load_steps_by_key(conn, first_look)
+            keys = [r.step_key for r in results]
+            task_ids = await store.lock_tasks_of_steps(conn, keys)
+            current = await store.load_steps_by_key(conn, keys)
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
-            acks = await self._apply(conn, current, results, now=now, executor_id=executor_id)
-            advanced = await self._tasks.advance(conn, task_ids, now=now)
+            acks, requeued = await self._apply(
+                conn, current, results, now=now, executor_id=executor_id
+            )
+            advanced = await self._tasks.advance(conn, task_ids, now=now, locked=True)
             await self._notifier.publish(
                 conn,
-                connectors=advanced.ready_connectors | self._retry_connectors(current, acks),
+                connectors=advanced.ready_connectors | requeued,
                 tasks=advanced.finished_tasks,
             )
         await self._notifier.after_commit()
@@ -170,8 +179,11 @@ class DispatchService:
         *,
         now: datetime,
         executor_id: str,
-    ) -> list[Ack]:
-        """Decide every result, apply the batch in one compare-and-set, ack each in order."""
+    ) -> tuple[list[Ack], set[str]]:
+        """Decide every result, apply the batch in one compare-and-set, ack each in order.
+
+        Also returns the connectors of steps put back in the queue (retries), to wake pollers.
+        """
         decided: list[tuple[AttemptResult, StepChange | None, str]] = []
         seen: set[int] = set()
         for result in results:
@@ -190,6 +202,11 @@ class DispatchService:
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
+        requeued = {
+            c.step.connector
+            for _, c, _ in decided
+            if c is not None and c.step.id in moved and c.transition is Transition.RETRY
+        }
         acks = []
         for result, change, reason in decided:
             if change is not None and change.step.id in moved:
@@ -206,7 +223,7 @@ class DispatchService:
                     executor_id=executor_id,
                 )
             )
-        return acks
+        return acks, requeued
 
     async def _reject(
         self,
@@ -249,10 +266,6 @@ class DispatchService:
         )
         return Ack(step_key=result.step_key, attempt=result.attempt, accepted=False, reason=reason)
 
-    @staticmethod
-    def _retry_connectors(current: dict[int, StepRow], acks: list[Ack]) -> set[str]:
-        return {current[a.step_key].connector for a in acks if a.accepted and a.step_key in current}
-
     async def reap_expired(self, *, limit: int = 500) -> int:
         """Re-queue (or fail) running steps whose lease expired. Any replica may run this."""
         now = datetime.now(UTC)
@@ -280,7 +293,7 @@ class DispatchService:
             reaped = len(moved)
             connectors = {c.step.connector for c in changes if c.step.id in moved}
             advanced = await self._tasks.advance(
-                conn, {s.task_id for s in current.values()}, now=now
+                conn, {s.task_id for s in current.values()}, now=now, locked=True
             )
             await self._notifier.publish(
                 conn,
@@ -294,7 +307,3 @@ class DispatchService:
                 "re-queued %d steps whose lease expired", reaped, extra={"event": "lease_expired"}
             )
         return reaped
-
-    async def _mark_tasks_running(self, task_ids: set[str], *, now: datetime) -> None:
-        async with self._db.transaction() as conn:
-            await store.mark_tasks_running(conn, task_ids, now=now)

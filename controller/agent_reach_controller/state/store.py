@@ -374,10 +374,19 @@ async def set_task_status(
 async def mark_tasks_running(
     conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
 ) -> None:
-    """`pending` → `running` once a first step is leased (no task lock: it is one guarded write)."""
+    """`pending` → `running` once a first step is leased, inside the claim's transaction.
+
+    Task rows locked by an advance are skipped, never waited for (the claim holds step locks, and
+    locks go task first everywhere else); that advance settles the status itself.
+    """
+    pending = (
+        sa.select(tasks.c.task_id)
+        .where(tasks.c.task_id.in_(sorted(set(task_ids))), tasks.c.status == TaskStatus.PENDING)
+        .with_for_update(skip_locked=True)
+    )
     rows = await conn.execute(
         sa.update(tasks)
-        .where(tasks.c.task_id.in_(sorted(set(task_ids))), tasks.c.status == TaskStatus.PENDING)
+        .where(tasks.c.task_id.in_(pending.scalar_subquery()))
         .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
         .returning(tasks.c.task_id)
     )
@@ -414,6 +423,21 @@ async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
             .order_by(tasks.c.task_id)
             .with_for_update()
         )
+
+
+async def lock_tasks_of_steps(conn: AsyncConnection, keys: Iterable[int]) -> list[str]:
+    """Lock the tasks these steps belong to (in id order, like lock_tasks); returns their ids."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return []
+    owners = sa.select(steps.c.task_id).where(steps.c.id.in_(wanted))
+    rows = await conn.execute(
+        sa.select(tasks.c.task_id)
+        .where(tasks.c.task_id.in_(owners))
+        .order_by(tasks.c.task_id)
+        .with_for_update()
+    )
+    return [r[0] for r in rows.all()]
 
 
 async def load_events(

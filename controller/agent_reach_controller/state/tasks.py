@@ -64,10 +64,21 @@ class TaskView:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Advanced:
-    """What an advance pass changed, for wake-ups."""
+    """What an advance pass changed, for wake-ups and answers."""
 
     ready_connectors: set[str]
     finished_tasks: set[str]
+    task_status: dict[str, TaskStatus]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submitted:
+    """The answer to a submit: which task, and whether this call created it."""
+
+    task_id: str
+    trace_id: str
+    status: TaskStatus
+    created: bool
 
 
 def request_hash(body: Any) -> str:
@@ -84,8 +95,8 @@ class TaskService:
         self._registry = registry
         self._notifier = notifier
 
-    async def submit(self, data: SubmitInput) -> tuple[TaskView, bool]:
-        """Persist a validated plan and make its first steps ready. Returns (task, created)."""
+    async def submit(self, data: SubmitInput) -> Submitted:
+        """Persist a validated plan and make its first steps ready, in one transaction."""
         now = datetime.now(UTC)
         task_id = new_task_id()
         async with self._db.transaction() as conn:
@@ -104,12 +115,17 @@ class TaskService:
                 if stored_task != task_id:
                     if stored_hash != request_hash(data.request):
                         raise IdempotencyConflictError(stored_task)
-                    return await self._view(conn, stored_task), False
+                    existing = await self._view(conn, stored_task)
+                    return Submitted(
+                        task_id=stored_task,
+                        trace_id=existing.task.trace_id,
+                        status=existing.task.status,
+                        created=False,
+                    )
             trace_id = data.trace_id or new_trace_id()
-            await store.insert_task(
-                conn, _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
-            )
-            await store.insert_steps(
+            row = _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
+            await store.insert_task(conn, row)
+            steps = await store.insert_steps(
                 conn, _step_rows(data.plan, task_id, trace_id, now, self._registry)
             )
             await store.append_events(
@@ -129,26 +145,48 @@ class TaskService:
                     )
                 ],
             )
-            advanced = await self.advance(conn, [task_id], now=now)
+            # A task nobody else can see yet needs no lock and no reload.
+            advanced = await self._advance_loaded(
+                conn, {task_id: TaskRow.from_mapping(row)}, {task_id: steps}, now=now
+            )
             await self._notifier.publish(
                 conn, connectors=advanced.ready_connectors, tasks=advanced.finished_tasks
             )
-            view = await self._view(conn, task_id)
         await self._notifier.after_commit()
-        return view, True
+        return Submitted(
+            task_id=task_id,
+            trace_id=trace_id,
+            status=advanced.task_status.get(task_id, TaskStatus.PENDING),
+            created=True,
+        )
 
     async def advance(
-        self, conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
+        self, conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime, locked: bool = False
     ) -> Advanced:
-        """Unblock, skip or fail what the current step states allow; settle task statuses."""
+        """Unblock, skip or fail what the current step states allow; settle task statuses.
+
+        Takes the tasks' row locks first unless the caller holds them (`locked`).
+        """
         ids = sorted(set(task_ids))
-        await store.lock_tasks(conn, ids)
+        if not locked:
+            await store.lock_tasks(conn, ids)
         tasks = await store.load_tasks(conn, ids)
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in await store.load_steps(conn, ids):
             by_task[step.task_id].append(step)
+        return await self._advance_loaded(conn, tasks, by_task, now=now)
+
+    async def _advance_loaded(
+        self,
+        conn: AsyncConnection,
+        tasks: dict[str, TaskRow],
+        by_task: dict[str, list[StepRow]],
+        *,
+        now: datetime,
+    ) -> Advanced:
+        ids = sorted(tasks)
         await self._registry.ensure((s.tool, s.tool_version) for s in by_task_steps(by_task))
-        result = Advanced(ready_connectors=set(), finished_tasks=set())
+        result = Advanced(ready_connectors=set(), finished_tasks=set(), task_status={})
         changes: list[StepChange] = []
         for task_id in ids:
             if task_id in tasks:
@@ -181,10 +219,12 @@ class TaskService:
         result: Advanced,
     ) -> None:
         new = derive_task_status(statuses, cancelled=task.cancel_requested)
+        result.task_status[task.task_id] = task.status
         if task.status in TERMINAL_TASK_STATES or new == task.status:
             return
         if new == TaskStatus.PENDING and task.status == TaskStatus.RUNNING:
             return  # a retry moved every step back to ready: the task is still running
+        result.task_status[task.task_id] = new
         await store.set_task_status(conn, task, new, now=now)
         if new in TERMINAL_TASK_STATES:
             result.finished_tasks.add(task.task_id)
@@ -234,7 +274,7 @@ class TaskService:
                     if step.status not in TERMINAL_STEP_STATES
                 ]
                 await store.change_steps(conn, changes, now=now)
-                advanced = await self.advance(conn, [task_id], now=now)
+                advanced = await self.advance(conn, [task_id], now=now, locked=True)
                 await self._notifier.publish(conn, tasks=advanced.finished_tasks)
             view = await self._view(conn, task_id)
         await self._notifier.after_commit()
@@ -280,6 +320,7 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "version": 1,
         "created_at": now,
         "updated_at": now,
+        "finished_at": None,
     }
 
 
