@@ -300,7 +300,7 @@ async def test_results_survive_a_controller_restart(
 async def test_drain_finishes_in_flight_work_and_stops_polling(
     fake: FakeController, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)
 
     async def slow(call: ToolCall) -> Any:
         await asyncio.sleep(0.3)
