@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
-from agent_reach_controller.state.notifier import Notifier
+from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import AttemptResult, decide_lease_expiry, decide_result
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
@@ -114,8 +114,9 @@ class DispatchService:
         """Claim, waiting up to `wait` seconds for a step to become ready or due."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
+        keys = [ready_key(c) for c in connectors]
         while True:
-            since = self._notifier.generation()
+            since = self._notifier.snapshot(keys)
             claimed, due = await self._claim(
                 executor_id=executor_id, connectors=connectors, limit=limit
             )
@@ -125,7 +126,7 @@ class DispatchService:
             pause = min(remaining, self.timings.recheck)
             if due is not None:
                 pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
-            await self._notifier.wait(since, within=pause)
+            await self._notifier.wait(keys, since, within=pause)
 
     async def heartbeat(
         self, *, executor_id: str, leases: Sequence[tuple[int, int]]
@@ -163,12 +164,12 @@ class DispatchService:
                 conn, current, results, now=now, executor_id=executor_id
             )
             advanced = await self._tasks.advance(conn, task_ids, now=now, locked=True)
-            await self._notifier.publish(
+            wake = await self._notifier.publish(
                 conn,
                 connectors=advanced.ready_connectors | requeued,
                 tasks=advanced.finished_tasks,
             )
-        await self._notifier.after_commit()
+        await self._notifier.after_commit(wake)
         return acks
 
     async def _apply(
@@ -295,12 +296,12 @@ class DispatchService:
             advanced = await self._tasks.advance(
                 conn, {s.task_id for s in current.values()}, now=now, locked=True
             )
-            await self._notifier.publish(
+            wake = await self._notifier.publish(
                 conn,
                 connectors=connectors | advanced.ready_connectors,
                 tasks=advanced.finished_tasks,
             )
-        await self._notifier.after_commit()
+        await self._notifier.after_commit(wake)
         self.counters.leases_expired += reaped
         if reaped:
             log.warning(

@@ -1,15 +1,20 @@
-"""Wake-ups: a new ready step wakes waiting pollers at once, a finished task wakes its waiters.
+"""Wake-ups: a new ready step wakes the pollers of its connector, a finished task its waiters.
 
-Locally an asyncio condition; across replicas Postgres LISTEN/NOTIFY (sent inside the
-transaction, so it is delivered exactly when the change commits).
+Locally an asyncio condition over per-key counters; across replicas Postgres LISTEN/NOTIFY (sent
+inside the transaction, so delivered exactly when the change commits) or Redis pub/sub. A replica
+ignores its own cross-replica messages: it has already woken its local waiters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import psycopg
 import sqlalchemy as sa
@@ -19,18 +24,53 @@ log = logging.getLogger(__name__)
 
 READY_CHANNEL = "agent_reach_ready"
 TASK_CHANNEL = "agent_reach_task"
+# Counter key of "some task finished" (waiters re-read their task, so one key serves them all).
+TASKS_KEY = "task:*"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wake:
+    """What a transaction changed, announced once it has committed."""
+
+    connectors: frozenset[str] = field(default_factory=frozenset)
+    tasks: frozenset[str] = field(default_factory=frozenset)
+
+
+def ready_key(connector: str) -> str:
+    return f"ready:{connector}"
 
 
 class Notifier:
-    """In-process wake-ups; the base of the cross-replica variant."""
+    """In-process wake-ups; the base of the cross-replica variants."""
 
     def __init__(self) -> None:
         self._changed = asyncio.Condition()
-        self._generation = 0
+        self._counts: Counter[str] = Counter()
+        # Bumped when anything may have been missed (a listener reconnected): wakes everyone.
+        self._epoch = 0
+        self.instance = os.urandom(6).hex()
 
-    async def publish_local(self) -> None:
+    def snapshot(self, keys: Iterable[str]) -> tuple[int, ...]:
+        """The counters of `keys` now; pass it to `wait` to sleep until one of them moves."""
+        return (self._epoch, *(self._counts[k] for k in keys))
+
+    async def wait(self, keys: Iterable[str], since: tuple[int, ...], *, within: float) -> None:
+        """Return when a counter of `keys` moved past `since`, or after `within` seconds."""
+        wanted = list(keys)
+        if within <= 0:
+            return
         async with self._changed:
-            self._generation += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.snapshot(wanted) != since), within
+                )
+
+    async def mark(self, *, keys: Iterable[str] = (), everything: bool = False) -> None:
+        """Bump counters (or the epoch) and wake the waiters whose keys moved."""
+        async with self._changed:
+            self._counts.update(keys)
+            if everything:
+                self._epoch += 1
             self._changed.notify_all()
 
     async def publish(
@@ -39,26 +79,18 @@ class Notifier:
         *,
         connectors: Iterable[str] = (),
         tasks: Iterable[str] = (),
-    ) -> None:
-        """Announce changes made in `conn`'s transaction (delivered after commit)."""
-        del conn, connectors, tasks
+    ) -> Wake:
+        """Record what `conn`'s transaction changed; call `after_commit` with it once committed."""
+        del conn
+        return Wake(connectors=frozenset(connectors), tasks=frozenset(tasks))
 
-    async def after_commit(self) -> None:
-        """Wake local waiters once a transaction that published has committed."""
-        await self.publish_local()
-
-    def generation(self) -> int:
-        return self._generation
-
-    async def wait(self, since: int, *, within: float) -> None:
-        """Return when anything was published after `since`, or after `within` seconds."""
-        if within <= 0:
-            return
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._generation != since), within
-                )
+    async def after_commit(self, wake: Wake) -> None:
+        """Wake local waiters for a committed change."""
+        keys = [ready_key(c) for c in wake.connectors]
+        if wake.tasks:
+            keys.append(TASKS_KEY)
+        if keys:
+            await self.mark(keys=keys)
 
     async def start(self) -> None:
         return None
@@ -75,8 +107,21 @@ class _ListeningNotifier(Notifier):
         self._task: asyncio.Task[None] | None = None
 
     async def _listen_once(self) -> None:
-        """Connect, subscribe, then call `publish_local` for each message until disconnected."""
+        """Connect, subscribe, then `receive` each message until disconnected."""
         raise NotImplementedError
+
+    async def receive(self, payload: str) -> None:
+        """Handle 'sender:kind:name' from another replica."""
+        sender, _, rest = payload.partition(":")
+        if sender == self.instance:
+            return
+        kind, _, name = rest.partition(":")
+        await self.mark(keys=[ready_key(name) if kind == "ready" else TASKS_KEY])
+
+    def _payloads(self, wake: Wake) -> list[tuple[str, str]]:
+        ready = [(READY_CHANNEL, f"{self.instance}:ready:{c}") for c in sorted(wake.connectors)]
+        done = [(TASK_CHANNEL, f"{self.instance}:task:{t}") for t in sorted(wake.tasks)]
+        return ready + done
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name=f"{type(self).__name__}-listen")
@@ -119,23 +164,23 @@ class PostgresNotifier(_ListeningNotifier):
         *,
         connectors: Iterable[str] = (),
         tasks: Iterable[str] = (),
-    ) -> None:
-        payloads = [(READY_CHANNEL, c) for c in sorted(set(connectors))]
-        payloads += [(TASK_CHANNEL, t) for t in sorted(set(tasks))]
-        for channel, payload in payloads:
+    ) -> Wake:
+        wake = await super().publish(conn, connectors=connectors, tasks=tasks)
+        for channel, payload in self._payloads(wake):
             await conn.execute(
                 sa.text("SELECT pg_notify(:channel, :payload)"),
                 {"channel": channel, "payload": payload},
             )
+        return wake
 
     async def _listen_once(self) -> None:
         async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
             await conn.execute(f"LISTEN {READY_CHANNEL}")
             await conn.execute(f"LISTEN {TASK_CHANNEL}")
             # Anything may have happened while we were not listening.
-            await self.publish_local()
-            async for _ in conn.notifies():
-                await self.publish_local()
+            await self.mark(everything=True)
+            async for notify in conn.notifies():
+                await self.receive(notify.payload)
 
 
 class RedisNotifier(_ListeningNotifier):
@@ -151,10 +196,13 @@ class RedisNotifier(_ListeningNotifier):
         self._redis = aioredis.Redis.from_url(url)
         self._channel = channel
 
-    async def after_commit(self) -> None:
-        await self.publish_local()
+    async def after_commit(self, wake: Wake) -> None:
+        await super().after_commit(wake)
+        payloads = [p for _, p in self._payloads(wake)]
+        if not payloads:
+            return
         try:
-            await self._redis.publish(self._channel, b"1")
+            await self._redis.publish(self._channel, json.dumps(payloads))
         except Exception as exc:  # redis.RedisError, OSError: a lost wake-up is only a delay
             log.warning(
                 "could not publish a wake-up to Redis: %s",
@@ -169,7 +217,8 @@ class RedisNotifier(_ListeningNotifier):
     async def _listen_once(self) -> None:
         async with self._redis.pubsub() as pubsub:
             await pubsub.subscribe(self._channel)
-            await self.publish_local()
+            await self.mark(everything=True)
             async for message in pubsub.listen():
                 if message.get("type") == "message":
-                    await self.publish_local()
+                    for payload in json.loads(message["data"]):
+                        await self.receive(payload)

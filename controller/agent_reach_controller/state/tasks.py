@@ -28,7 +28,7 @@ from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.state import store
 from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
-from agent_reach_controller.state.notifier import Notifier
+from agent_reach_controller.state.notifier import TASKS_KEY, Notifier, Wake
 from agent_reach_controller.state.outcomes import terminal_values
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 from agent_reach_controller.state.registry import ToolRegistry
@@ -149,10 +149,10 @@ class TaskService:
             advanced = await self._advance_loaded(
                 conn, {task_id: TaskRow.from_mapping(row)}, {task_id: steps}, now=now
             )
-            await self._notifier.publish(
+            wake = await self._notifier.publish(
                 conn, connectors=advanced.ready_connectors, tasks=advanced.finished_tasks
             )
-        await self._notifier.after_commit()
+        await self._notifier.after_commit(wake)
         return Submitted(
             task_id=task_id,
             trace_id=trace_id,
@@ -248,6 +248,7 @@ class TaskService:
     async def cancel(self, task_id: str, *, reason: str = "cancelled by request") -> TaskView:
         """Cancel every step not yet finished; running ones learn it from their heartbeat."""
         now = datetime.now(UTC)
+        wake = Wake()
         async with self._db.transaction() as conn:
             await store.lock_tasks(conn, [task_id])
             task = await store.load_task(conn, task_id)
@@ -275,9 +276,9 @@ class TaskService:
                 ]
                 await store.change_steps(conn, changes, now=now)
                 advanced = await self.advance(conn, [task_id], now=now, locked=True)
-                await self._notifier.publish(conn, tasks=advanced.finished_tasks)
+                wake = await self._notifier.publish(conn, tasks=advanced.finished_tasks)
             view = await self._view(conn, task_id)
-        await self._notifier.after_commit()
+        await self._notifier.after_commit(wake)
         return view
 
     async def wait(self, task_id: str, *, within: float) -> TaskView:
@@ -285,13 +286,13 @@ class TaskService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while True:
-            since = self._notifier.generation()
+            since = self._notifier.snapshot([TASKS_KEY])
             view = await self.get(task_id)
             remaining = deadline - loop.time()
             if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
                 return view
             # The cap is a safety net for a missed wake-up, not the normal path.
-            await self._notifier.wait(since, within=min(remaining, 1.0))
+            await self._notifier.wait([TASKS_KEY], since, within=min(remaining, 1.0))
 
     async def _view(self, conn: AsyncConnection, task_id: str) -> TaskView:
         task = await store.load_task(conn, task_id)
