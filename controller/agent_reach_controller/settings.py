@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SQLITE = "sqlite:///.reach/reach.db"
 
@@ -25,7 +26,9 @@ class ControllerSettings(BaseSettings):
 
     http: str = Field("127.0.0.1:8080", description="REST listener HOST:PORT (port 0: any)")
     grpc: str = Field("127.0.0.1:50051", description="gRPC listener HOST:PORT (port 0: any)")
-    tools: list[Path] = Field(default_factory=list, description="Tool definition YAML files")
+    tools: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="Tool definition YAML files (comma-separated in env)"
+    )
     database_url: SecretStr = SecretStr(DEFAULT_SQLITE)
     redis_url: SecretStr | None = None
     migrate: bool = Field(False, description="Apply database migrations at start")
@@ -39,3 +42,10 @@ class ControllerSettings(BaseSettings):
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")
     log_level: str = "INFO"
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from typing import Annotated, Any
 
-from pydantic import Field, PositiveFloat, PositiveInt
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def default_executor_id() -> str:
@@ -22,8 +23,9 @@ class ExecutorSettings(BaseSettings):
 
     controller: str = Field(default="127.0.0.1:50051", description="Controller gRPC host:port.")
     slots: PositiveInt = Field(default=8, description="Steps run at once.")
-    connectors: list[str] | None = Field(
-        default=None, description="Connector names to host; None hosts every discovered one."
+    connectors: Annotated[list[str] | None, NoDecode] = Field(
+        default=None,
+        description="Connector names to host (comma-separated in env); None hosts all installed.",
     )
     executor_id: str = Field(default_factory=default_executor_id)
     poll_wait: PositiveFloat = Field(default=10.0, description="Long-poll wait, in seconds.")
@@ -39,3 +41,10 @@ class ExecutorSettings(BaseSettings):
     default_step_timeout: PositiveFloat = Field(
         default=300.0, description="Timeout of a step whose assignment carries none, seconds."
     )
+
+    @field_validator("connectors", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

@@ -358,7 +358,7 @@ async def test_sigterm_drains_the_executor(fake: FakeController) -> None:
 
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_REACH_EXECUTOR_SLOTS", "3")
-    monkeypatch.setenv("AGENT_REACH_EXECUTOR_CONNECTORS", '["http", "python"]')
+    monkeypatch.setenv("AGENT_REACH_EXECUTOR_CONNECTORS", "http, python")
     settings = ExecutorSettings()
     assert settings.slots == 3
     assert settings.connectors == ["http", "python"]
