@@ -214,3 +214,22 @@ async def test_tools_catalogue_formats_and_health(sqlite_url: str, tmp_path: Pat
         assert (await client.get("/healthz")).json() == {"status": "ok"}
         assert (await client.get("/readyz")).status_code == 200
         assert (await client.get("/openapi.json")).status_code == 200
+
+
+async def test_storage_gone_is_503_with_retry_after(postgres_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    from tests.conftest import POSTGRES_ADMIN
+
+    async with api(postgres_url, tmp_path) as (client, _):
+        assert (await client.get("/readyz")).status_code == 200
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{postgres_url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        for response in (
+            await client.get("/readyz"),
+            await client.post("/v1/tasks", json=PLAN),
+            await client.get("/v1/tasks"),
+        ):
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "2"
+            assert response.json()["code"] == "storage_unavailable"

@@ -34,14 +34,19 @@ async def readyz(deps: Deps) -> Response:
     try:
         await deps.db.ping()
     except (OSError, DBAPIError):
-        return problem_response(
-            503,
-            code="storage_unavailable",
-            title="Storage is unavailable",
-            detail="the database did not answer",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
+        return storage_unavailable()
     return JSONResponse({"status": "ready"})
+
+
+def storage_unavailable() -> Response:
+    """503 with Retry-After: the caller should come back, nothing was lost or half-done."""
+    return problem_response(
+        503,
+        code="storage_unavailable",
+        title="Storage is unavailable",
+        detail="the database did not answer; retry after the delay given",
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
 
 
 tools = APIRouter(prefix="/v1/tools", tags=["tools"])
@@ -119,13 +124,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def storage_down(_: Request, exc: Exception) -> Response:
         log.warning("storage unavailable: %s", type(exc).__name__, extra={"event": "storage_down"})
-        return problem_response(
-            503,
-            code="storage_unavailable",
-            title="Storage is unavailable",
-            detail="the database did not answer; retry after the delay given",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
+        return storage_unavailable()
 
     async def internal(_: Request, exc: Exception) -> Response:
         # The detail stays in the log (with the trace); the caller gets no internals.

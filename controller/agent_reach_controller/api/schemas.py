@@ -91,6 +91,7 @@ class TaskOut(BaseModel):
 
 
 class TaskSummary(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     task_id: str
     trace_id: str
     status: str
@@ -105,6 +106,7 @@ class TaskPage(BaseModel):
 
 
 class EventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     id: int
     step_id: str | None
     kind: str

@@ -131,17 +131,7 @@ async def list_tasks(
 ) -> schemas.TaskPage:
     rows = await deps.tasks.list_tasks(status=status, before=before, limit=limit)
     return schemas.TaskPage(
-        tasks=[
-            schemas.TaskSummary(
-                task_id=t.task_id,
-                trace_id=t.trace_id,
-                status=t.status,
-                goal=t.goal,
-                created_at=t.created_at,
-                finished_at=t.finished_at,
-            )
-            for t in rows
-        ],
+        tasks=[schemas.TaskSummary.model_validate(t) for t in rows],
         next_before=rows[-1].task_id if len(rows) == limit else None,
     )
 
@@ -160,21 +150,7 @@ async def task_events(
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> schemas.EventPage:
     rows = await deps.tasks.events(task_id, after=after, limit=limit)
-    return schemas.EventPage(
-        events=[
-            schemas.EventOut(
-                id=e.id,
-                step_id=e.step_id,
-                kind=e.kind,
-                from_status=e.from_status,
-                to_status=e.to_status,
-                attempt=e.attempt,
-                data=e.data,
-                created_at=e.created_at,
-            )
-            for e in rows
-        ]
-    )
+    return schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
 
 
 __all__ = ["BadJsonError", "BodyTooLargeError", "problem_response", "router"]
