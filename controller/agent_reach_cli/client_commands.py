@@ -58,6 +58,19 @@ def status(args: argparse.Namespace) -> int:
     return 2 if response is None else _print(response)
 
 
+def resolve(args: argparse.Namespace) -> int:
+    verdict: dict[str, Any] = {"action": args.action, "by": args.by, "reason": args.reason or ""}
+    if args.output is not None:
+        try:
+            verdict["output"] = json.loads(args.output)
+        except ValueError:
+            print("reach: --output must be JSON", file=sys.stderr)
+            return 2
+    url = f"{_url(args)}/v1/tasks/{args.task_id}/steps/{args.step_id}/resolve"
+    response = _request("POST", url, json=verdict)
+    return 2 if response is None else _print(response)
+
+
 def tools(args: argparse.Namespace) -> int:
     response = _request("GET", f"{_url(args)}/v1/tools", params={"format": args.format})
     return 2 if response is None else _print(response)

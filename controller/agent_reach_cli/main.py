@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
         ("status", client_commands.status, "show a task and its receipts"),
         ("tools", client_commands.tools, "list the controller's tools"),
+        ("resolve", client_commands.resolve, "resolve a step whose outcome is unknown"),
     ):
         p = add(name, handler, help_)
         p.add_argument(
@@ -79,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--idempotency-key")
         elif name == "status":
             p.add_argument("task_id")
+        elif name == "resolve":
+            p.add_argument("task_id")
+            p.add_argument("step_id")
+            p.add_argument("--action", required=True, choices=["retry", "succeeded", "failed"])
+            p.add_argument("--by", required=True, help="who decides (recorded in the event log)")
+            p.add_argument("--reason", help="why (recorded; the model reads it)")
+            p.add_argument("--output", help="the step's output as JSON, with --action succeeded")
         else:
             p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
     return parser

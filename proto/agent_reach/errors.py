@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     CONNECTOR_UNAVAILABLE = "connector_unavailable"
     CONNECTOR_ERROR = "connector_error"
     INTERNAL = "internal"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    RESOLVED_FAILED = "resolved_failed"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -74,6 +76,12 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
         retryable=False, http_status=500, title="The connector failed"
     ),
     ErrorCode.INTERNAL: ErrorKind(retryable=False, http_status=500, title="Internal error"),
+    ErrorCode.OUTCOME_UNKNOWN: ErrorKind(
+        retryable=False, http_status=409, title="It may or may not have happened"
+    ),
+    ErrorCode.RESOLVED_FAILED: ErrorKind(
+        retryable=False, http_status=409, title="An operator confirmed it did not happen"
+    ),
     ErrorCode.INVALID_PLAN: ErrorKind(retryable=False, http_status=422, title="Invalid plan"),
     ErrorCode.IDEMPOTENCY_CONFLICT: ErrorKind(
         retryable=False,

@@ -62,10 +62,20 @@ def ok(step: StepRow, output: Any) -> AttemptResult:
 
 
 def failed(
-    step: StepRow, code: str, *, retryable: bool, attempt: int | None = None
+    step: StepRow,
+    code: str,
+    *,
+    retryable: bool,
+    attempt: int | None = None,
+    maybe_applied: bool = False,
 ) -> AttemptResult:
     return AttemptResult(
         step_key=step.id,
         attempt=step.attempt if attempt is None else attempt,
-        error=AttemptError(code=code, message=f"{step.tool} failed: {code}", retryable=retryable),
+        error=AttemptError(
+            code=code,
+            message=f"{step.tool} failed: {code}",
+            retryable=retryable,
+            maybe_applied=maybe_applied,
+        ),
     )

@@ -34,7 +34,7 @@ from agent_reach_controller.db.schema import events, steps
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.state.tasks import ResolveInput, SubmitInput
 from tests.conftest import POSTGRES_ADMIN
 from tests.integration.stack import failed, ok, write_tools
 
@@ -76,12 +76,19 @@ class StoreMachine(RuleBasedStateMachine):
         self.drop_database()
 
     @rule(
-        size=st.integers(1, 4), chained=st.booleans(), when=st.sampled_from([None, "true", "false"])
+        size=st.integers(1, 4),
+        chained=st.booleans(),
+        when=st.sampled_from([None, "true", "false"]),
+        idempotent=st.booleans(),
     )
-    def submit(self, size: int, chained: bool, when: str | None) -> None:
+    def submit(self, size: int, chained: bool, when: str | None, idempotent: bool) -> None:
         body_steps = []
         for i in range(size):
-            step: dict[str, Any] = {"step_id": f"s{i}", "tool": "echo.say", "args": {}}
+            step: dict[str, Any] = (
+                {"step_id": f"s{i}", "tool": "echo.say", "args": {}}
+                if idempotent
+                else {"step_id": f"s{i}", "tool": "echo.count", "args": {"n": i}}
+            )
             if chained and i:
                 step["depends_on"] = [f"s{i - 1}"]
                 if when:
@@ -100,14 +107,15 @@ class StoreMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data(), outcome=st.sampled_from(["ok", "retryable", "fatal"]))
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "retryable", "fatal", "ambiguous"]))
     def report(self, data: st.DataObject, outcome: str) -> None:
         step = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
-        result = (
-            ok(step, {"n": 1})
-            if outcome == "ok"
-            else failed(step, "boom", retryable=outcome == "retryable")
-        )
+        if outcome == "ok":
+            result = ok(step, {"n": 1})
+        elif outcome == "ambiguous":
+            result = failed(step, "timeout", retryable=True, maybe_applied=True)
+        else:
+            result = failed(step, "boom", retryable=outcome == "retryable")
         self.run(self.c.dispatch.report(executor_id="e", results=[result]))
         self.stale.append(step)
 
@@ -134,6 +142,22 @@ class StoreMachine(RuleBasedStateMachine):
 
         self.run(expire())
         self.stale.append(step)
+
+    @rule(data=st.data(), action=st.sampled_from(["retry", "succeeded", "failed"]))
+    def resolve(self, data: st.DataObject, action: str) -> None:
+        async def unknown() -> list[Any]:
+            async with self.c.db.transaction() as conn:
+                query = sa.select(steps.c.task_id, steps.c.step_id).where(
+                    steps.c.status == "outcome_unknown"
+                )
+                return list((await conn.execute(query)).all())
+
+        waiting = self.run(unknown())
+        if not waiting:
+            return
+        task_id, step_id = waiting[data.draw(st.integers(0, len(waiting) - 1))]
+        verdict = ResolveInput(task_id=task_id, step_id=step_id, action=action, by="prop")
+        self.run(self.c.tasks.resolve(verdict))
 
     @precondition(lambda self: self.tasks)
     @rule(data=st.data())

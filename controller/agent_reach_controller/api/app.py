@@ -15,7 +15,12 @@ from agent_reach_controller.api.tasks import BadJsonError, BodyTooLargeError, co
 from agent_reach_controller.api.tasks import router as tasks_router
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import IdempotencyConflictError, TaskNotFoundError
+from agent_reach_controller.state.tasks import (
+    IdempotencyConflictError,
+    StepNotFoundError,
+    StepNotResolvableError,
+    TaskNotFoundError,
+)
 
 log = logging.getLogger(__name__)
 Deps = Annotated[Components, Depends(components)]
@@ -110,6 +115,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def not_found(_: Request, exc: TaskNotFoundError) -> Response:
         return problem_response(
             404, code="not_found", title="No such task", detail=f"no task {exc.args[0]!r}"
+        )
+
+    @app.exception_handler(StepNotFoundError)
+    async def no_step(_: Request, exc: StepNotFoundError) -> Response:
+        return problem_response(
+            404, code="not_found", title="No such step", detail=f"no step {exc.args[0]!r}"
+        )
+
+    @app.exception_handler(StepNotResolvableError)
+    async def not_resolvable(_: Request, exc: StepNotResolvableError) -> Response:
+        return problem_response(
+            409, code="not_resolvable", title="The step is not awaiting a verdict", detail=str(exc)
         )
 
     @app.exception_handler(IdempotencyConflictError)

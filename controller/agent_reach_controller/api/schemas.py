@@ -121,6 +121,19 @@ class EventPage(BaseModel):
     events: list[EventOut]
 
 
+class ResolveIn(BaseModel):
+    """An operator's verdict on a step whose outcome is unknown."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["retry", "succeeded", "failed"] = Field(
+        description="retry: run it again (same idempotency key); succeeded: it happened (give "
+        "`output`); failed: it did not happen"
+    )
+    by: str = Field(min_length=1, max_length=128, description="Who decides (recorded)")
+    reason: str = Field("", max_length=1000, description="Why (recorded; the model reads it)")
+    output: Any = Field(None, description="The step's output, for `succeeded`")
+
+
 class Problem(BaseModel):
     type: str
     title: str

@@ -15,7 +15,7 @@ from agent_reach_controller.api.problems import problem_response
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.state.tasks import ResolveInput, SubmitInput
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -139,6 +139,28 @@ async def list_tasks(
 @router.post("/{task_id}/cancel", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def cancel_task(task_id: str, deps: Deps) -> schemas.TaskOut:
     view = await deps.tasks.cancel(task_id)
+    return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.post(
+    "/{task_id}/steps/{step_id}/resolve",
+    response_model=schemas.TaskOut,
+    responses=PROBLEMS,
+    summary="Resolve a step whose outcome is unknown (operators)",
+)
+async def resolve_step(
+    task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps
+) -> schemas.TaskOut:
+    view = await deps.tasks.resolve(
+        ResolveInput(
+            task_id=task_id,
+            step_id=step_id,
+            action=verdict.action,
+            by=verdict.by,
+            reason=verdict.reason,
+            output=verdict.output,
+        )
+    )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 

@@ -305,6 +305,6 @@ class DispatchService:
         self.counters.leases_expired += reaped
         if reaped:
             log.warning(
-                "re-queued %d steps whose lease expired", reaped, extra={"event": "lease_expired"}
+                "handled %d steps whose lease expired (re-queued, failed or held for an operator)", reaped, extra={"event": "lease_expired"}
             )
         return reaped

@@ -101,6 +101,7 @@ def decide_lease_expiry(
         code=ErrorCode.LEASE_LOST.value,
         message=f"the executor running {step.tool} stopped responding",
         retryable=True,
+        maybe_applied=True,  # it may have called the downstream before it went away
     )
     change = _decide_failure(step, error, tool=tool, now=now, rng=rng)
     data = dict(change.event_data or {})
@@ -113,6 +114,8 @@ def decide_lease_expiry(
 def _decide_failure(
     step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime, rng: random.Random
 ) -> StepChange:
+    if error.maybe_applied and not tool.idempotent:
+        return _mark_unknown(step, error, tool=tool, now=now)
     retryable = error.retryable and error.code not in tool.retry.non_retryable_error_types
     if retryable and step.attempt < step.max_attempts:
         delay = backoff_delay(tool.retry, step.attempt, rng=rng)
@@ -137,3 +140,64 @@ def _decide_failure(
     return StepChange(
         step=step, transition=Transition.FAIL, values=values, event_data={"error": final}
     )
+
+
+def _mark_unknown(
+    step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime
+) -> StepChange:
+    """An attempt that may have reached a downstream that cannot deduplicate: ask a human.
+
+    Retrying blindly could do it twice (charge twice, send twice); failing could hide that it
+    happened. The step waits in `outcome_unknown` until an operator resolves it.
+    """
+    unknown = {
+        "code": ErrorCode.OUTCOME_UNKNOWN.value,
+        "message": f"{error.message}; it may have been applied, so it was not retried "
+        "and waits for an operator to confirm",
+        "retryable": False,
+    }
+    values = terminal_values(
+        step, tool=tool, transition=Transition.MARK_UNKNOWN, now=now, error=unknown
+    )
+    values["finished_at"] = None  # not over: an operator decides
+    return StepChange(
+        step=step,
+        transition=Transition.MARK_UNKNOWN,
+        values=values,
+        event_data={"error": error.as_dict(), "maybe_applied": True},
+    )
+
+
+def decide_resolution(
+    step: StepRow,
+    *,
+    action: str,
+    tool: ToolSpec,
+    now: datetime,
+    output: Any = None,
+    reason: str = "",
+) -> StepChange:
+    """An operator's verdict on an `outcome_unknown` step: run it again, it happened, it did not."""
+    if action == "retry":
+        values: dict[str, Any] = {
+            "attempt": step.attempt + 1,
+            "max_attempts": max(step.max_attempts, step.attempt + 1),
+            "not_before": None,
+            "receipt": None,
+            "error": None,
+        }
+        return StepChange(step=step, transition=Transition.RESOLVE_RETRY, values=values)
+    if action == "succeeded":
+        values = terminal_values(
+            step, tool=tool, transition=Transition.RESOLVE_SUCCEEDED, now=now, output=output
+        )
+        return StepChange(step=step, transition=Transition.RESOLVE_SUCCEEDED, values=values)
+    error = {
+        "code": ErrorCode.RESOLVED_FAILED.value,
+        "message": f"an operator confirmed it did not happen: {reason}".rstrip(": "),
+        "retryable": False,
+    }
+    values = terminal_values(
+        step, tool=tool, transition=Transition.RESOLVE_FAILED, now=now, error=error
+    )
+    return StepChange(step=step, transition=Transition.RESOLVE_FAILED, values=values)

@@ -7,7 +7,7 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,13 +29,37 @@ from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.state import store
 from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
 from agent_reach_controller.state.notifier import TASKS_KEY, Notifier, Wake
-from agent_reach_controller.state.outcomes import terminal_values
+from agent_reach_controller.state.outcomes import decide_resolution, terminal_values
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 from agent_reach_controller.state.registry import ToolRegistry
 
 
 class TaskNotFoundError(LookupError):
     """No task with that id (for this principal)."""
+
+
+class StepNotFoundError(LookupError):
+    """No step with that id in the task."""
+
+
+class StepNotResolvableError(Exception):
+    """Only a step in `outcome_unknown` can be resolved by an operator."""
+
+    def __init__(self, step_id: str, status: str) -> None:
+        super().__init__(f"step {step_id!r} is {status}; only outcome_unknown steps are resolved")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolveInput:
+    """An operator's verdict on a step whose outcome is unknown."""
+
+    task_id: str
+    step_id: str
+    action: str  # retry | succeeded | failed
+    by: str
+    reason: str = ""
+    output: Any = None
 
 
 class IdempotencyConflictError(Exception):
@@ -278,6 +302,41 @@ class TaskService:
                 advanced = await self.advance(conn, [task_id], now=now, locked=True)
                 wake = await self._notifier.publish(conn, tasks=advanced.finished_tasks)
             view = await self._view(conn, task_id)
+        await self._notifier.after_commit(wake)
+        return view
+
+    async def resolve(self, data: ResolveInput) -> TaskView:
+        """Apply an operator's verdict; the event log records who decided and why."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            await store.lock_tasks(conn, [data.task_id])
+            if await store.load_task(conn, data.task_id) is None:
+                raise TaskNotFoundError(data.task_id)
+            steps = {s.step_id: s for s in await store.load_steps(conn, [data.task_id])}
+            step = steps.get(data.step_id)
+            if step is None:
+                raise StepNotFoundError(data.step_id)
+            if step.status is not StepStatus.OUTCOME_UNKNOWN:
+                raise StepNotResolvableError(step.step_id, step.status.value)
+            await self._registry.ensure([(step.tool, step.tool_version)])
+            change = decide_resolution(
+                step,
+                action=data.action,
+                tool=self._registry.get(step.tool, step.tool_version),
+                now=now,
+                output=data.output,
+                reason=data.reason,
+            )
+            audit = {"by": data.by, "reason": data.reason, "action": data.action}
+            await store.change_steps(conn, [replace(change, event_data=audit)], now=now)
+            advanced = await self.advance(conn, [data.task_id], now=now, locked=True)
+            wake = await self._notifier.publish(
+                conn,
+                connectors=advanced.ready_connectors
+                | ({step.connector} if data.action == "retry" else set()),
+                tasks=advanced.finished_tasks,
+            )
+            view = await self._view(conn, data.task_id)
         await self._notifier.after_commit(wake)
         return view
 
