@@ -305,6 +305,8 @@ class DispatchService:
         self.counters.leases_expired += reaped
         if reaped:
             log.warning(
-                "handled %d steps whose lease expired (re-queued, failed or held for an operator)", reaped, extra={"event": "lease_expired"}
+                "handled %d steps whose lease expired (re-queued, failed or held for an operator)",
+                reaped,
+                extra={"event": "lease_expired"},
             )
         return reaped

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 
 READY_CHANNEL = "agent_reach_ready"
 TASK_CHANNEL = "agent_reach_task"
-# Counter key of "some task finished" (waiters re-read their task, so one key serves them all).
-TASKS_KEY = "task:*"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +35,13 @@ class Wake:
 
 
 def ready_key(connector: str) -> str:
+    """The counter pollers of this connector wait on."""
     return f"ready:{connector}"
+
+
+def task_key(task_id: str) -> str:
+    """The counter callers waiting for this task to end wait on."""
+    return f"task:{task_id}"
 
 
 class Notifier:
@@ -46,6 +50,8 @@ class Notifier:
     def __init__(self) -> None:
         self._changed = asyncio.Condition()
         self._counts: Counter[str] = Counter()
+        # Task keys are counted only while someone waits on them, so the counters stay bounded.
+        self._watched: Counter[str] = Counter()
         # Bumped when anything may have been missed (a listener reconnected): wakes everyone.
         self._epoch = 0
         self.instance = os.urandom(6).hex()
@@ -65,10 +71,24 @@ class Notifier:
                     self._changed.wait_for(lambda: self.snapshot(wanted) != since), within
                 )
 
+    @contextlib.contextmanager
+    def watching(self, keys: Iterable[str]) -> Iterator[None]:
+        """Count these (task) keys for the life of the block; call `snapshot` inside it."""
+        wanted = list(keys)
+        self._watched.update(wanted)
+        try:
+            yield
+        finally:
+            self._watched.subtract(wanted)
+            for key in wanted:
+                if self._watched[key] <= 0:
+                    del self._watched[key]
+                    self._counts.pop(key, None)
+
     async def mark(self, *, keys: Iterable[str] = (), everything: bool = False) -> None:
         """Bump counters (or the epoch) and wake the waiters whose keys moved."""
         async with self._changed:
-            self._counts.update(keys)
+            self._counts.update(k for k in keys if k.startswith("ready:") or k in self._watched)
             if everything:
                 self._epoch += 1
             self._changed.notify_all()
@@ -86,9 +106,7 @@ class Notifier:
 
     async def after_commit(self, wake: Wake) -> None:
         """Wake local waiters for a committed change."""
-        keys = [ready_key(c) for c in wake.connectors]
-        if wake.tasks:
-            keys.append(TASKS_KEY)
+        keys = [ready_key(c) for c in wake.connectors] + [task_key(t) for t in wake.tasks]
         if keys:
             await self.mark(keys=keys)
 
@@ -116,7 +134,7 @@ class _ListeningNotifier(Notifier):
         if sender == self.instance:
             return
         kind, _, name = rest.partition(":")
-        await self.mark(keys=[ready_key(name) if kind == "ready" else TASKS_KEY])
+        await self.mark(keys=[ready_key(name) if kind == "ready" else task_key(name)])
 
     def _payloads(self, wake: Wake) -> list[tuple[str, str]]:
         ready = [(READY_CHANNEL, f"{self.instance}:ready:{c}") for c in sorted(wake.connectors)]

@@ -28,7 +28,7 @@ from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.state import store
 from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
-from agent_reach_controller.state.notifier import TASKS_KEY, Notifier, Wake
+from agent_reach_controller.state.notifier import Notifier, Wake, task_key
 from agent_reach_controller.state.outcomes import decide_resolution, terminal_values
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 from agent_reach_controller.state.registry import ToolRegistry
@@ -344,14 +344,16 @@ class TaskService:
         """The task once it is terminal, or as it stands after `within` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
-        while True:
-            since = self._notifier.snapshot([TASKS_KEY])
-            view = await self.get(task_id)
-            remaining = deadline - loop.time()
-            if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
-                return view
-            # The cap is a safety net for a missed wake-up, not the normal path.
-            await self._notifier.wait([TASKS_KEY], since, within=min(remaining, 1.0))
+        keys = [task_key(task_id)]
+        with self._notifier.watching(keys):
+            while True:
+                since = self._notifier.snapshot(keys)
+                view = await self.get(task_id)
+                remaining = deadline - loop.time()
+                if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
+                    return view
+                # The cap is a safety net for a missed wake-up, not the normal path.
+                await self._notifier.wait(keys, since, within=min(remaining, 1.0))
 
     async def _view(self, conn: AsyncConnection, task_id: str) -> TaskView:
         task = await store.load_task(conn, task_id)
