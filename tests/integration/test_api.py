@@ -152,6 +152,15 @@ async def test_body_over_limit_is_413(sqlite_url: str, tmp_path: Path) -> None:
         assert response.status_code == 413
         assert response.json()["code"] == "too_large"
 
+        async def chunks():  # no Content-Length: the limit holds while streaming
+            for _ in range(100):
+                yield b" " * 100
+
+        streamed = await client.post(
+            "/v1/tasks", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert streamed.status_code == 413
+
 
 async def test_idempotency_key(database_url: str, tmp_path: Path) -> None:
     async with api(database_url, tmp_path) as (client, _):

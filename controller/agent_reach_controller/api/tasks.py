@@ -49,9 +49,18 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 
 
 async def _read_json(request: Request, limit: int) -> Any:
-    body = await request.body()
-    if len(body) > limit:
+    """The body as JSON, refusing more than `limit` bytes before buffering them."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
         raise BodyTooLargeError(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(limit)
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
