@@ -94,6 +94,7 @@ async def reap_forever(components: Components) -> None:
     while True:
         try:
             await components.dispatch.reap_expired()
+            await components.tasks.expire_deadlines()
         except asyncio.CancelledError:
             raise
         except Exception:

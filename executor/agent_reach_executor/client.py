@@ -13,6 +13,9 @@ import grpc
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 
+# The largest message either side accepts (the controller's server uses the same limit).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 # Codes after which the same call may succeed later: the controller is restarting, overloaded or
 # unreachable. Anything else is a bug on one side; the worker still retries, but louder.
 _TRANSIENT_CODES = frozenset(
@@ -251,6 +254,11 @@ class ControllerClient:
             ("grpc.initial_reconnect_backoff_ms", max(1, int(reconnect_initial * 1000))),
             ("grpc.min_reconnect_backoff_ms", max(1, int(reconnect_initial * 1000))),
             ("grpc.max_reconnect_backoff_ms", max(1, int(reconnect_maximum * 1000))),
+            # gRPC's 4 MiB default receive limit would refuse a poll answer the controller (which
+            # allows 64 MiB) already committed as leases: the steps would be leased, never run,
+            # and re-leased on every poll until their attempts ran out. Match the controller.
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
         self._channel = grpc.aio.insecure_channel(target, options=options)
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]

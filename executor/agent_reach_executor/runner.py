@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import re
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -15,6 +17,12 @@ from agent_reach_connectors.base import Connector, ConnectorError, ToolCall
 from agent_reach_executor.client import Assignment, StepFailure, StepResult
 
 log = logging.getLogger(__name__)
+
+# How long a connector gets to unwind after it is cancelled (timeout or drain) before the runner
+# stops waiting for it: a connector that ignores cancellation must not hold a slot forever.
+CANCEL_GRACE_S = 5.0
+# `\u0000` outside an escaped backslash: Postgres rejects NUL in JSONB strings and keys.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def now_ms() -> int:
@@ -35,11 +43,14 @@ class StepRunner:
         connectors: Mapping[str, Connector],
         *,
         default_timeout_s: float = 300.0,
+        cancel_grace_s: float = CANCEL_GRACE_S,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self._connectors = connectors
         self._default_timeout_s = default_timeout_s
+        self._cancel_grace_s = cancel_grace_s
         self._clock = clock
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     async def run(self, assignment: Assignment) -> StepResult:
         started = self._clock()
@@ -86,29 +97,83 @@ class StepRunner:
             )
         call = self._tool_call(assignment)
         try:
-            async with asyncio.timeout(call.timeout_s) as deadline:
-                output = await connector.invoke(call)
+            output = await self._call_within_deadline(connector, call, assignment)
         except ConnectorError:
             raise
-        except TimeoutError as exc:
-            if not deadline.expired():
-                raise _crashed(assignment, exc) from None
-            raise ConnectorError(
-                ErrorCode.TIMEOUT,
-                f"{call.tool} did not finish within {call.timeout_s:g}s",
-                retryable=True,
-                maybe_applied=True,
-            ) from None
         except Exception as exc:
             raise _crashed(assignment, exc) from None
+        return _encode_output(call.tool, output)
+
+    async def _call_within_deadline(
+        self, connector: Connector, call: ToolCall, assignment: Assignment
+    ) -> Any:
+        """`connector.invoke(call)`, cancelled at the call's deadline.
+
+        The runner never waits more than `cancel_grace_s` for a cancelled connector to unwind
+        (on a timeout, or when this run itself is cancelled): one that ignores cancellation is
+        abandoned, logged, and its slot given back, rather than holding the slot (and, through
+        heartbeats, the lease) for ever.
+        """
+        invocation = asyncio.ensure_future(connector.invoke(call))
         try:
-            return json.dumps(output).encode()
-        except (TypeError, ValueError):
-            raise ConnectorError(
-                ErrorCode.CONNECTOR_ERROR,
-                f"{call.tool}: the connector returned an output that is not JSON",
-                retryable=False,
-            ) from None
+            await asyncio.wait({invocation}, timeout=call.timeout_s)
+        except asyncio.CancelledError:
+            await self._stop(invocation, assignment, why="cancelled")
+            raise
+        if invocation.done():
+            return invocation.result()
+        await self._stop(invocation, assignment, why="timed out")
+        if invocation.done() and not invocation.cancelled():
+            exc = invocation.exception()
+            if exc is None:
+                return invocation.result()  # it finished anyway: the output is real
+            if isinstance(exc, ConnectorError):
+                raise exc
+        raise ConnectorError(
+            ErrorCode.TIMEOUT,
+            f"{call.tool} did not finish within {call.timeout_s:g}s",
+            retryable=True,
+            maybe_applied=True,
+        )
+
+    async def _stop(
+        self, invocation: asyncio.Future[Any], assignment: Assignment, *, why: str
+    ) -> None:
+        """Cancel `invocation` and wait up to the grace for it; abandon it (logged) after that."""
+        invocation.cancel()
+        try:
+            await asyncio.wait({invocation}, timeout=self._cancel_grace_s)
+        finally:
+            if not invocation.done():
+                self._abandon(invocation, assignment, why=why)
+
+    def _abandon(
+        self, invocation: asyncio.Future[Any], assignment: Assignment, *, why: str
+    ) -> None:
+        log.error(
+            "connector %r ignored cancellation on %s/%s (%s) for %.1fs; abandoning it",
+            assignment.connector,
+            assignment.task_id,
+            assignment.step_id,
+            why,
+            self._cancel_grace_s,
+            extra={
+                **assignment.log_extra("connector_abandoned"),
+                "connector": assignment.connector,
+            },
+        )
+        self._abandoned.add(invocation)  # keep a reference: the loop holds tasks weakly
+        invocation.add_done_callback(self._forget)
+
+    def _forget(self, invocation: asyncio.Future[Any]) -> None:
+        self._abandoned.discard(invocation)
+        if not invocation.cancelled():
+            invocation.exception()  # retrieved: no "exception was never retrieved" noise
+
+    @property
+    def abandoned(self) -> int:
+        """Connector calls that ignored cancellation and are still running."""
+        return len(self._abandoned)
 
     def _tool_call(self, assignment: Assignment) -> ToolCall:
         args = _decode_object(
@@ -149,13 +214,52 @@ def _decode_object(raw: bytes, *, what: str, code: ErrorCode) -> dict[str, Any]:
     return value
 
 
+def _encode_output(tool: str, output: Any) -> bytes:
+    """The output as UTF-8 JSON the controller can store, or a `connector_error`.
+
+    Postgres JSONB rejects NaN and Infinity, NUL characters and unpaired surrogates; such an
+    output is a failed step here rather than a report the controller cannot store.
+    """
+    try:
+        text = json.dumps(output, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        encoded = text.encode()  # strict: an unpaired surrogate raises UnicodeEncodeError
+    except (TypeError, ValueError, RecursionError):
+        raise ConnectorError(
+            ErrorCode.CONNECTOR_ERROR,
+            f"{tool}: the connector returned an output that is not JSON "
+            "(or holds NaN, Infinity or an unpaired surrogate)",
+            retryable=False,
+        ) from None
+    if _JSON_NUL.search(text):
+        raise ConnectorError(
+            ErrorCode.CONNECTOR_ERROR,
+            f"{tool}: the connector returned an output holding a NUL character",
+            retryable=False,
+        )
+    return encoded
+
+
+def _clean_text(value: Any) -> str:
+    """A string that protobuf and Postgres text accept: valid UTF-8, no NUL."""
+    text = value if isinstance(value, str) else str(value)
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text.replace("\x00", "\ufffd")
+
+
 def _from_connector_error(exc: ConnectorError) -> StepFailure:
+    """The failure as the wire carries it; a connector's odd field values cannot break a report."""
+    try:
+        retry_after = float(exc.retry_after or 0.0)
+    except (TypeError, ValueError):
+        retry_after = 0.0
+    if math.isnan(retry_after) or retry_after < 0:  # +inf is fine: the controller caps it
+        retry_after = 0.0
     return StepFailure(
-        code=exc.code,
-        message=exc.message,
-        retryable=exc.retryable,
-        retry_after_s=exc.retry_after or 0.0,
-        maybe_applied=exc.maybe_applied,
+        code=_clean_text(exc.code) or str(ErrorCode.CONNECTOR_ERROR),
+        message=_clean_text(exc.message),
+        retryable=bool(exc.retryable),
+        retry_after_s=retry_after,
+        maybe_applied=bool(exc.maybe_applied),
     )
 
 

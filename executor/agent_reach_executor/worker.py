@@ -19,6 +19,7 @@ from agent_reach_executor.client import (
     Registration,
     ResultAck,
     StepResult,
+    result_to_proto,
 )
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
@@ -131,10 +132,19 @@ class Worker:
             await self._poll_loop(stop)
             await self._drain()
         finally:
-            leftovers = [t for t in (reporter, heartbeats, *self._running) if t is not None]
+            loops = [t for t in (reporter, heartbeats) if t is not None]
+            leftovers = [*loops, *self._running]
             for task in leftovers:
                 task.cancel()
             await asyncio.gather(*leftovers, return_exceptions=True)
+            for task in loops:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error(
+                        "%s ended with an error",
+                        task.get_name(),
+                        exc_info=task.exception(),
+                        extra={"event": "executor_loop_failed"},
+                    )
 
     def _backoff(self) -> Backoff:
         return Backoff(
@@ -284,6 +294,15 @@ class Worker:
                 failing_since = failing_since or time.monotonic()
                 self._log_heartbeat_failure(exc, failing_for=time.monotonic() - failing_since)
                 continue
+            except Exception:
+                # Never let a surprise end the heartbeats: every lease would expire while its
+                # step keeps running here, and the controller would run it a second time.
+                failing_since = failing_since or time.monotonic()
+                log.exception(
+                    "heartbeat failed unexpectedly; the next beat tries again",
+                    extra={"event": "heartbeat_crashed"},
+                )
+                continue
             failing_since = None
             for lease in reply.cancelled:
                 self._drop(lease, reason="cancelled")
@@ -325,8 +344,38 @@ class Worker:
                 self._pending[:0] = [r for r in batch if r.lease in self._held]
                 await asyncio.sleep(self._log_failure(exc, backoff))
                 continue
+            except Exception:
+                # A dead reporter would strand every result, and heartbeats would keep their
+                # leases alive for ever: keep the batch, say so loudly, and try again.
+                self._pending[:0] = [r for r in batch if self._encodable(r)]
+                delay = backoff.next_delay()
+                log.exception(
+                    "reporting %d results failed unexpectedly; retry in %.2fs",
+                    len(batch),
+                    delay,
+                    extra={"event": "report_crashed", "count": len(batch)},
+                )
+                await asyncio.sleep(delay)
+                continue
             backoff.reset()
             self._apply_acks(batch, acks)
+
+    def _encodable(self, result: StepResult) -> bool:
+        """Whether `result` is still held and can go on the wire; a poison result is dropped."""
+        if result.lease not in self._held:
+            return False
+        try:
+            result_to_proto(result).SerializeToString()
+        except Exception:
+            held = self._held.pop(result.lease)
+            log.exception(
+                "result of %s/%s cannot be encoded; dropping it, its lease will expire",
+                held.assignment.task_id,
+                held.assignment.step_id,
+                extra=held.assignment.log_extra("result_unencodable"),
+            )
+            return False
+        return True
 
     def _apply_acks(self, batch: Sequence[StepResult], acks: Sequence[ResultAck]) -> None:
         if len(acks) != len(batch):

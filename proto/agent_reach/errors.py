@@ -25,6 +25,8 @@ class ErrorCode(StrEnum):
     CONNECTOR_ERROR = "connector_error"
     INTERNAL = "internal"
     OUTCOME_UNKNOWN = "outcome_unknown"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    BUDGET_EXHAUSTED = "budget_exhausted"
     RESOLVED_FAILED = "resolved_failed"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
@@ -76,6 +78,12 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
         retryable=False, http_status=500, title="The connector failed"
     ),
     ErrorCode.INTERNAL: ErrorKind(retryable=False, http_status=500, title="Internal error"),
+    ErrorCode.BUDGET_EXHAUSTED: ErrorKind(
+        retryable=False, http_status=429, title="The task's attempt budget is spent"
+    ),
+    ErrorCode.DEADLINE_EXCEEDED: ErrorKind(
+        retryable=False, http_status=504, title="The task's deadline passed"
+    ),
     ErrorCode.OUTCOME_UNKNOWN: ErrorKind(
         retryable=False, http_status=409, title="It may or may not have happened"
     ),

@@ -151,3 +151,15 @@ def test_backoff_grows_caps_jitters_and_resets() -> None:
     high.reset()
     assert high.failures == 0
     assert high.next_delay() == pytest.approx(0.1)
+
+
+async def test_a_poll_answer_over_4_mib_is_received(
+    fake: FakeController, client: ControllerClient
+) -> None:
+    # The controller accepts and sends messages up to 64 MiB; a client left at gRPC's 4 MiB
+    # receive default failed this poll after the steps were already leased, on every poll.
+    keys = [
+        fake.enqueue(connector="echo", args={"blob": "x" * (3 * 1024 * 1024)}) for _ in range(2)
+    ]
+    steps = await client.poll_steps(["echo"], max_steps=10, wait_s=0.1, deadline_s=5)
+    assert [(s.lease.step_key, s.lease.attempt) for s in steps] == keys

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent_reach_connectors.base import ConnectorError, ToolCall
-from agent_reach_executor.client import Assignment, LeaseKey, StepResult
+from agent_reach_executor.client import Assignment, LeaseKey, StepResult, result_to_proto
 from agent_reach_executor.runner import StepRunner
 from tests.executor.fake_controller import FnConnector
 
@@ -187,3 +187,131 @@ async def test_step_started_and_finished_are_logged(caplog: pytest.LogCaptureFix
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events == ["step_started", "step_finished"]
     assert getattr(caplog.records[1], "outcome", None) == "succeeded"
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        {"price": float("nan")},
+        {"limit": float("inf")},
+        [float("-inf")],
+        {"name": "a\x00b"},
+        {"key\x00": 1},
+        {"name": "\ud83d"},  # half an emoji: not UTF-8, and JSONB refuses the escape too
+    ],
+)
+async def test_output_postgres_cannot_store_is_a_connector_error(output: Any) -> None:
+    async def odd(call: ToolCall) -> Any:
+        return output
+
+    result = await run_with(odd)
+    assert result.failure is not None
+    assert result.failure.code == "connector_error"
+    assert not result.failure.retryable
+    assert result.output_json == b""
+
+
+async def test_output_that_only_looks_like_nul_is_kept() -> None:
+    async def escaped(call: ToolCall) -> Any:
+        return {"text": "\\u0000 and \u00e9 and \U0001f600"}
+
+    result = await run_with(escaped)
+    assert result.succeeded
+    assert json.loads(result.output_json) == {"text": "\\u0000 and \u00e9 and \U0001f600"}
+
+
+async def test_output_nested_too_deep_is_a_connector_error() -> None:
+    async def deep(call: ToolCall) -> Any:
+        value: list[Any] = []
+        for _ in range(100_000):
+            value = [value]
+        return value
+
+    result = await run_with(deep)
+    assert result.failure is not None
+    assert result.failure.code == "connector_error"
+
+
+async def test_a_connector_error_with_odd_fields_still_encodes() -> None:
+    async def sloppy(call: ToolCall) -> Any:
+        error = ConnectorError("rate_limited", "bad name \udcff\x00", retry_after=float("nan"))
+        error.message = 42  # type: ignore[assignment]  # plugins are not type-checked
+        error.retry_after = "2.5"  # type: ignore[assignment]
+        raise error
+
+    async def sloppier(call: ToolCall) -> Any:
+        raise ConnectorError("rate_limited", "bad name \udcff\x00", retry_after=float("nan"))
+
+    first = await run_with(sloppy)
+    assert first.failure is not None
+    assert (first.failure.message, first.failure.retry_after_s) == ("42", 2.5)
+    result_to_proto(first).SerializeToString()
+    second = await run_with(sloppier)
+    assert second.failure is not None
+    assert second.failure.message == "bad name ?\ufffd"
+    assert second.failure.retry_after_s == 0.0
+    assert second.failure.retryable
+    result_to_proto(second).SerializeToString()  # raised UnicodeEncodeError before
+
+
+class Stubborn:
+    """A connector call that swallows every cancellation until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancels = 0
+
+    async def __call__(self, call: ToolCall) -> Any:
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancels += 1
+        return {"late": True}
+
+
+async def test_timeout_does_not_wait_for_a_connector_that_ignores_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stubborn = Stubborn()
+    runner = StepRunner({"fn": FnConnector("fn", stubborn)}, cancel_grace_s=0.1)
+    try:
+        result = await asyncio.wait_for(runner.run(assignment(timeout_ms=50)), 2)
+        assert result.failure is not None
+        assert result.failure.code == "timeout"
+        assert result.failure.maybe_applied
+        assert stubborn.cancels >= 1
+        assert runner.abandoned == 1
+        assert [getattr(r, "event", None) for r in caplog.records].count("connector_abandoned") == 1
+    finally:
+        stubborn.release.set()
+        await asyncio.sleep(0.01)
+    assert runner.abandoned == 0  # forgotten once it finally returned
+
+
+async def test_cancelling_a_run_does_not_wait_for_a_connector_that_ignores_it() -> None:
+    stubborn = Stubborn()
+    runner = StepRunner({"fn": FnConnector("fn", stubborn)}, cancel_grace_s=0.1)
+    run = asyncio.create_task(runner.run(assignment(timeout_ms=60_000)))
+    try:
+        await asyncio.sleep(0.05)
+        run.cancel()
+        done, _ = await asyncio.wait({run}, timeout=2)
+        assert run in done
+        assert run.cancelled()  # the cancellation propagates
+        assert runner.abandoned == 1
+    finally:
+        stubborn.release.set()
+        await asyncio.sleep(0.01)
+
+
+async def test_a_connector_that_finishes_while_being_cancelled_keeps_its_output() -> None:
+    async def finishes_anyway(call: ToolCall) -> Any:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return {"done": True}
+
+    result = await run_with(finishes_anyway, timeout_ms=50)
+    assert result.succeeded
+    assert json.loads(result.output_json) == {"done": True}

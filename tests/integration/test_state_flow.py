@@ -209,3 +209,51 @@ async def test_wait_returns_when_terminal(database_url: str, tmp_path: Path) -> 
         await run_all(c, {"a": {"ok": True}})
         done = await asyncio.wait_for(waiter, 10)
         assert done.task.status is TaskStatus.SUCCEEDED
+
+
+async def test_deadline_ends_the_task_with_receipts(database_url: str, tmp_path: Path) -> None:
+    body = {**chain_plan(), "deadline_seconds": 0.2}
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, body)
+        assert view.task.deadline is not None
+        [running] = await c.dispatch.claim(executor_id="x1", connectors=["echo"], limit=1)
+        assert await c.tasks.expire_deadlines() == 0  # not yet
+        await asyncio.sleep(0.3)  # the deadline itself is what is under test
+        assert await c.tasks.expire_deadlines() == 1
+        final = await c.tasks.get(view.task.task_id)
+        assert final.task.status is TaskStatus.CANCELLED
+        assert [s.status for s in final.steps] == [StepStatus.CANCELLED, StepStatus.CANCELLED]
+        assert {s.receipt["error"]["code"] for s in final.steps} == {"deadline_exceeded"}
+        beat = await c.dispatch.heartbeat(executor_id="x1", leases=[(running.id, running.attempt)])
+        assert beat.cancelled == [(running.id, running.attempt)]  # the executor is told to stop
+        assert await c.tasks.expire_deadlines() == 0  # ended once
+
+
+async def test_attempt_budget_caps_starts_and_retries(database_url: str, tmp_path: Path) -> None:
+    three = {"steps": [{"step_id": s, "tool": "echo.say", "args": {}} for s in "abc"]}
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        small, _ = await submit(c, {**three, "budget": {"max_attempts": 2}})
+        assert [s.status for s in small.steps] == [
+            StepStatus.READY,
+            StepStatus.READY,
+            StepStatus.FAILED,
+        ]
+        assert small.steps[2].receipt["error"]["code"] == "budget_exhausted"
+
+        view, _ = await submit(c, {**three, "budget": {"max_attempts": 4}})
+        mine = view.task.task_id
+
+        async def fail_a() -> None:
+            ready = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=10, wait=5)
+            [a] = [s for s in ready if s.task_id == mine and s.step_id == "a"]
+            await c.dispatch.report(
+                executor_id="x", results=[failed(a, "downstream_unavailable", retryable=True)]
+            )
+
+        await fail_a()  # the 4th attempt of the budget goes to a's retry
+        assert (await c.tasks.get(mine)).steps[0].status is StepStatus.READY
+        await fail_a()  # no attempt left for another retry
+        a = (await c.tasks.get(mine)).steps[0]
+        assert a.status is StepStatus.FAILED
+        assert a.receipt["error"]["code"] == "budget_exhausted"
+        assert "downstream_unavailable" in a.receipt["error"]["message"]

@@ -203,6 +203,34 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "5,000 characters",
     ),
     ("no steps", {"steps": []}, "/steps", "missing_field", "at least one step"),
+    (
+        "deadline not a number",
+        {"steps": [WEATHER], "deadline_seconds": "soon"},
+        "/deadline_seconds",
+        "invalid_type",
+        "must be a number",
+    ),
+    (
+        "deadline too far",
+        {"steps": [WEATHER], "deadline_seconds": 10**9},
+        "/deadline_seconds",
+        "too_large",
+        "at most",
+    ),
+    (
+        "budget below one",
+        {"steps": [WEATHER], "budget": {"max_attempts": 0}},
+        "/budget/max_attempts",
+        "invalid_type",
+        ">= 1",
+    ),
+    (
+        "budget unknown key",
+        {"steps": [WEATHER], "budget": {"max_steps": 3}},
+        "/budget/max_steps",
+        "unknown_field",
+        "expected max_attempts",
+    ),
     ("no tool calls", {"tool_calls": []}, "/tool_calls", "missing_field", "at least one step"),
 ]
 

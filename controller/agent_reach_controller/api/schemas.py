@@ -21,11 +21,22 @@ class StepIn(BaseModel):
     when: str | None = Field(None, description="CEL condition over `steps` and `context`")
 
 
+class BudgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_attempts: int | None = Field(
+        None, ge=1, description="Attempts all steps together may use, first attempts included"
+    )
+
+
 class PlanIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     goal: str | None = None
     steps: list[StepIn]
     context: dict[str, Any] = Field(default_factory=dict)
+    deadline_seconds: float | None = Field(
+        None, gt=0, description="End the task, with receipts, this long after it is accepted"
+    )
+    budget: BudgetIn | None = None
 
 
 class FunctionCallIn(BaseModel):
@@ -43,6 +54,8 @@ class ToolCallsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tool_calls: list[ToolCallIn]
     context: dict[str, Any] = Field(default_factory=dict)
+    deadline_seconds: float | None = Field(None, gt=0)
+    budget: BudgetIn | None = None
 
 
 class TaskAccepted(BaseModel):

@@ -75,7 +75,16 @@ tasks = sa.Table(
     _now_column("created_at"),
     _now_column("updated_at"),
     sa.Column("finished_at", UtcDateTime()),
+    sa.Column("deadline", UtcDateTime()),
+    sa.Column("max_attempts", sa.Integer()),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
+    # The deadline sweep's index: only unfinished tasks that have a deadline.
+    sa.Index(
+        "ix_tasks_open_deadline",
+        "deadline",
+        postgresql_where=sa.text("deadline IS NOT NULL AND status IN ('pending', 'running')"),
+        sqlite_where=sa.text("deadline IS NOT NULL AND status IN ('pending', 'running')"),
+    ),
 )
 
 steps = sa.Table(

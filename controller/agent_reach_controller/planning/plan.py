@@ -26,7 +26,14 @@ from agent_reach_controller.planning.references import (
     unescape,
 )
 from agent_reach_controller.planning.schema import schema_problems, validate_resolved_args
-from agent_reach_controller.planning.shapes import StepDraft, read_body, read_context, read_goal
+from agent_reach_controller.planning.shapes import (
+    StepDraft,
+    read_body,
+    read_budget,
+    read_context,
+    read_deadline,
+    read_goal,
+)
 from agent_reach_controller.tools.catalog import ToolCatalog, ToolSpec
 
 __all__ = [
@@ -62,6 +69,8 @@ class Plan:
     steps: tuple[PlannedStep, ...]
     context: dict[str, Any]
     source: Literal["plan", "openai"]
+    deadline_s: float | None = None
+    max_attempts: int | None = None
 
 
 def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
@@ -203,6 +212,8 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
     source, drafts = read_body(body, limits, out)
     goal = read_goal(body, limits, out)
     context = read_context(body, limits, out)
+    deadline_s = read_deadline(body, out)
+    max_attempts = read_budget(body, out)
     _check_ids(drafts, out)
     ids = {d.step_id for d in drafts if d.step_id is not None}
     nodes = [
@@ -221,4 +232,11 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         raise PlanInvalidError(out.items)
     steps = tuple(_planned(d, s) for d, s in zip(drafts, specs, strict=True) if s is not None)
     plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
-    return Plan(goal=goal, steps=steps, context=context, source=plan_source)
+    return Plan(
+        goal=goal,
+        steps=steps,
+        context=context,
+        source=plan_source,
+        deadline_s=deadline_s,
+        max_attempts=max_attempts,
+    )

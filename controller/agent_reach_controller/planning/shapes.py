@@ -10,9 +10,11 @@ from agent_reach_controller.planning.limits import PlanLimits, check_size, check
 from agent_reach_controller.planning.problems import ProblemCode, ProblemCollector, pointer_join
 
 P = ProblemCode
-_PLAN_KEYS = frozenset({"goal", "steps", "context"})
+_PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget"})
 _STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when"})
-_OPENAI_KEYS = frozenset({"tool_calls", "context"})
+_OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget"})
+# The longest deadline a task may ask for: 30 days.
+MAX_DEADLINE_S = 30 * 24 * 3600.0
 _CALL_KEYS = frozenset({"id", "type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "arguments"})
 
@@ -199,3 +201,38 @@ def read_context(body: Any, limits: PlanLimits, out: ProblemCollector) -> dict[s
         if size is not None:
             out.extend([size])
     return context
+
+
+def read_deadline(body: Any, out: ProblemCollector) -> float | None:
+    """`deadline_seconds`: the task ends, with receipts, this long after it is accepted."""
+    if not isinstance(body, dict) or body.get("deadline_seconds") is None:
+        return None
+    value = body["deadline_seconds"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        out.add("/deadline_seconds", P.INVALID_TYPE, "'deadline_seconds' must be a number")
+        return None
+    if not 0 < value <= MAX_DEADLINE_S:
+        out.add(
+            "/deadline_seconds",
+            P.TOO_LARGE if value > 0 else P.INVALID_TYPE,
+            f"'deadline_seconds' must be more than 0 and at most {MAX_DEADLINE_S:,.0f}",
+        )
+        return None
+    return float(value)
+
+
+def read_budget(body: Any, out: ProblemCollector) -> int | None:
+    """`budget.max_attempts`: attempts the whole task may spend, across all its steps."""
+    if not isinstance(body, dict) or body.get("budget") is None:
+        return None
+    budget = _object(body["budget"], "/budget", "'budget'", out)
+    if budget is None:
+        return None
+    _unknown_keys(budget, frozenset({"max_attempts"}), "/budget", out)
+    value = budget.get("max_attempts")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        out.add("/budget/max_attempts", P.INVALID_TYPE, "'max_attempts' must be an integer >= 1")
+        return None
+    return value

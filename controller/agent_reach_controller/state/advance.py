@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,7 @@ from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
-from agent_reach_controller.state.outcomes import terminal_values
+from agent_reach_controller.state.outcomes import Budget, terminal_values
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -25,6 +25,7 @@ class AdvanceInput:
     context: Mapping[str, Any]
     tool_of: ToolLookup
     now: datetime
+    budget: Budget = field(default_factory=Budget)
 
 
 def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
@@ -83,6 +84,13 @@ def _decide_one(
         if not go:
             message = f"skipped because its condition is false: {step.when_expr}"
             return _end(step, tool, data, Transition.SKIP, (ErrorCode.CONDITION_FALSE, message))
+    return _unblock(step, tool, outputs, data)
+
+
+def _unblock(
+    step: StepRow, tool: ToolSpec, outputs: Mapping[str, Any], data: AdvanceInput
+) -> StepChange:
+    """Ready with resolved, re-validated arguments, within budget; or failed, saying why."""
     try:
         resolved = resolve(step.args, outputs)
     except UnresolvedReferenceError as exc:
@@ -93,6 +101,9 @@ def _decide_one(
         detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
         message = f"arguments are invalid after resolving references: {detail}"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    if not data.budget.take():
+        message = "not started: the task's attempt budget is spent"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
     return StepChange(step=step, transition=Transition.UNBLOCK, values={"resolved_args": resolved})
 
 
@@ -114,3 +125,21 @@ def _end(
     return StepChange(
         step=step, transition=transition, values=values, event_data={"error": values["error"]}
     )
+
+
+# A step holds attempts once it is queued or has ever started (its current attempt included).
+HOLDS_ATTEMPTS = frozenset(
+    {StepStatus.READY, StepStatus.RUNNING, StepStatus.AWAITING_APPROVAL, StepStatus.OUTCOME_UNKNOWN}
+)
+
+
+def attempts_held(steps: list[StepRow]) -> int:
+    """Attempts a task's steps have used or reserved, counted against `budget.max_attempts`."""
+    return sum(s.attempt for s in steps if s.status in HOLDS_ATTEMPTS or s.started_at is not None)
+
+
+def budget_for(max_attempts: int | None, steps: list[StepRow]) -> Budget:
+    """What is left of a task's attempt budget, given all its steps."""
+    if max_attempts is None:
+        return Budget()
+    return Budget(left=max_attempts - attempts_held(steps))

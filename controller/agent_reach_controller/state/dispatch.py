@@ -15,7 +15,12 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
 from agent_reach_controller.state.notifier import Notifier, ready_key
-from agent_reach_controller.state.outcomes import AttemptResult, decide_lease_expiry, decide_result
+from agent_reach_controller.state.outcomes import (
+    NO_BUDGET,
+    AttemptResult,
+    decide_lease_expiry,
+    decide_result,
+)
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.tasks import TaskService
@@ -187,6 +192,7 @@ class DispatchService:
         """
         decided: list[tuple[AttemptResult, StepChange | None, str]] = []
         seen: set[int] = set()
+        budgets = await self._tasks.budgets(conn, {s.task_id for s in current.values()})
         for result in results:
             step = current.get(result.step_key)
             if result.step_key in seen:
@@ -199,7 +205,14 @@ class DispatchService:
                 decided.append((result, None, "stale_lease"))
             else:
                 tool = self._registry.get(step.tool, step.tool_version)
-                decision = decide_result(step, result, tool=tool, now=now, rng=self._rng)
+                decision = decide_result(
+                    step,
+                    result,
+                    tool=tool,
+                    now=now,
+                    rng=self._rng,
+                    budget=budgets.get(step.task_id, NO_BUDGET),
+                )
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
@@ -278,12 +291,14 @@ class DispatchService:
             await store.lock_tasks(conn, {s.task_id for s in expired})
             current = await store.load_steps_by_key(conn, (s.id for s in expired))
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            budgets = await self._tasks.budgets(conn, {s.task_id for s in current.values()})
             changes = [
                 decide_lease_expiry(
                     step,
                     tool=self._registry.get(step.tool, step.tool_version),
                     now=now,
                     rng=self._rng,
+                    budget=budgets.get(step.task_id, NO_BUDGET),
                 )
                 for step in current.values()
                 if step.status is StepStatus.RUNNING

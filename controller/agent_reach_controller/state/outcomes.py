@@ -81,8 +81,32 @@ def terminal_values(
     }
 
 
+@dataclass(slots=True, kw_only=True)
+class Budget:
+    """Attempts a task may still start (None: no budget); each retry decided takes one."""
+
+    left: int | None = None
+
+    def take(self) -> bool:
+        if self.left is None:
+            return True
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+NO_BUDGET = Budget()
+
+
 def decide_result(
-    step: StepRow, result: AttemptResult, *, tool: ToolSpec, now: datetime, rng: random.Random
+    step: StepRow,
+    result: AttemptResult,
+    *,
+    tool: ToolSpec,
+    now: datetime,
+    rng: random.Random,
+    budget: Budget = NO_BUDGET,
 ) -> StepChange:
     """The transition a reported attempt leads to (the caller has checked the lease)."""
     if result.error is None:
@@ -90,11 +114,16 @@ def decide_result(
             step, tool=tool, transition=Transition.SUCCEED, now=now, output=result.output
         )
         return StepChange(step=step, transition=Transition.SUCCEED, values=values)
-    return _decide_failure(step, result.error, tool=tool, now=now, rng=rng)
+    return _decide_failure(step, result.error, tool=tool, now=now, rng=rng, budget=budget)
 
 
 def decide_lease_expiry(
-    step: StepRow, *, tool: ToolSpec, now: datetime, rng: random.Random
+    step: StepRow,
+    *,
+    tool: ToolSpec,
+    now: datetime,
+    rng: random.Random,
+    budget: Budget = NO_BUDGET,
 ) -> StepChange:
     """A running step whose executor stopped heartbeating: retry it, or fail it if exhausted."""
     error = AttemptError(
@@ -103,7 +132,7 @@ def decide_lease_expiry(
         retryable=True,
         maybe_applied=True,  # it may have called the downstream before it went away
     )
-    change = _decide_failure(step, error, tool=tool, now=now, rng=rng)
+    change = _decide_failure(step, error, tool=tool, now=now, rng=rng, budget=budget)
     data = dict(change.event_data or {})
     data["lease_owner"] = step.lease_owner
     return StepChange(
@@ -112,11 +141,27 @@ def decide_lease_expiry(
 
 
 def _decide_failure(
-    step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime, rng: random.Random
+    step: StepRow,
+    error: AttemptError,
+    *,
+    tool: ToolSpec,
+    now: datetime,
+    rng: random.Random,
+    budget: Budget,
 ) -> StepChange:
     if error.maybe_applied and not tool.idempotent:
         return _mark_unknown(step, error, tool=tool, now=now)
     retryable = error.retryable and error.code not in tool.retry.non_retryable_error_types
+    if retryable and step.attempt < step.max_attempts and not budget.take():
+        spent = {
+            "code": ErrorCode.BUDGET_EXHAUSTED.value,
+            "message": f"{error.message}; not retried: the task's attempt budget is spent",
+            "retryable": False,
+        }
+        values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=spent)
+        return StepChange(
+            step=step, transition=Transition.FAIL, values=values, event_data={"error": spent}
+        )
     if retryable and step.attempt < step.max_attempts:
         delay = backoff_delay(tool.retry, step.attempt, rng=rng)
         if error.retry_after_s > 0:

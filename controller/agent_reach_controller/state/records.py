@@ -63,6 +63,8 @@ class TaskRow:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    deadline: datetime | None = None
+    max_attempts: int | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:

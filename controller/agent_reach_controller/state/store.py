@@ -405,6 +405,23 @@ async def mark_tasks_running(
     )
 
 
+async def overdue_tasks(
+    conn: AsyncConnection, *, now: datetime, limit: int
+) -> list[tuple[str, datetime]]:
+    """Unfinished tasks whose deadline has passed, earliest first: (task_id, deadline)."""
+    rows = await conn.execute(
+        sa.select(tasks.c.task_id, tasks.c.deadline)
+        .where(
+            tasks.c.deadline.is_not(None),
+            tasks.c.deadline < now,
+            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
+        )
+        .order_by(tasks.c.deadline)
+        .limit(limit)
+    )
+    return [(r[0], r[1]) for r in rows.all()]
+
+
 async def request_cancel(conn: AsyncConnection, task_id: str, *, now: datetime) -> None:
     await conn.execute(
         sa.update(tasks)

@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -27,9 +27,9 @@ from agent_reach.states import (
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.state import store
-from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
+from agent_reach_controller.state.advance import AdvanceInput, budget_for, decide_unblocks
 from agent_reach_controller.state.notifier import Notifier, Wake, task_key
-from agent_reach_controller.state.outcomes import decide_resolution, terminal_values
+from agent_reach_controller.state.outcomes import Budget, decide_resolution, terminal_values
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 from agent_reach_controller.state.registry import ToolRegistry
 
@@ -220,6 +220,7 @@ class TaskService:
                         context=tasks[task_id].context,
                         tool_of=self._registry.get,
                         now=now,
+                        budget=budget_for(tasks[task_id].max_attempts, by_task[task_id]),
                     )
                 )
         moved = await store.change_steps(conn, changes, now=now)
@@ -271,6 +272,28 @@ class TaskService:
 
     async def cancel(self, task_id: str, *, reason: str = "cancelled by request") -> TaskView:
         """Cancel every step not yet finished; running ones learn it from their heartbeat."""
+        error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
+        return await self._end(task_id, error=error)
+
+    async def expire_deadlines(self, *, limit: int = 100) -> int:
+        """End tasks whose deadline has passed, every unfinished step with a receipt saying so.
+
+        Any replica may run this: each task is ended under its row lock, once.
+        """
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            overdue = await store.overdue_tasks(conn, now=now, limit=limit)
+        for task_id, deadline in overdue:
+            message = f"the task's deadline ({deadline.isoformat(timespec='seconds')}) passed"
+            error = {
+                "code": ErrorCode.DEADLINE_EXCEEDED.value,
+                "message": message,
+                "retryable": False,
+            }
+            await self._end(task_id, error=error)
+        return len(overdue)
+
+    async def _end(self, task_id: str, *, error: dict[str, Any]) -> TaskView:
         now = datetime.now(UTC)
         wake = Wake()
         async with self._db.transaction() as conn:
@@ -282,7 +305,6 @@ class TaskService:
                 await store.request_cancel(conn, task_id, now=now)
                 steps = await store.load_steps(conn, [task_id])
                 await self._registry.ensure((s.tool, s.tool_version) for s in steps)
-                error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
                 changes = [
                     StepChange(
                         step=step,
@@ -355,6 +377,17 @@ class TaskService:
                 # The cap is a safety net for a missed wake-up, not the normal path.
                 await self._notifier.wait(keys, since, within=min(remaining, 1.0))
 
+    async def budgets(self, conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, Budget]:
+        """What is left of each task's attempt budget (tasks without one are left out)."""
+        tasks = await store.load_tasks(conn, task_ids)
+        limited = [t for t in tasks.values() if t.max_attempts is not None]
+        if not limited:
+            return {}
+        by_task: dict[str, list[StepRow]] = defaultdict(list)
+        for step in await store.load_steps(conn, (t.task_id for t in limited)):
+            by_task[step.task_id].append(step)
+        return {t.task_id: budget_for(t.max_attempts, by_task[t.task_id]) for t in limited}
+
     async def _view(self, conn: AsyncConnection, task_id: str) -> TaskView:
         task = await store.load_task(conn, task_id)
         if task is None:
@@ -383,6 +416,8 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "created_at": now,
         "updated_at": now,
         "finished_at": None,
+        "deadline": now + timedelta(seconds=data.plan.deadline_s) if data.plan.deadline_s else None,
+        "max_attempts": data.plan.max_attempts,
     }
 
 
