@@ -95,6 +95,7 @@ async def reap_forever(components: Components) -> None:
         try:
             await components.dispatch.reap_expired()
             await components.tasks.expire_deadlines()
+            await components.dispatch.refresh_queue_depth()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -38,6 +38,10 @@ class ControllerSettings(BaseSettings):
     max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
     max_body_bytes: int = Field(1024 * 1024, gt=0)
     receipt_budget_chars: int = Field(2000, ge=200)
+    max_queued_steps: int | None = Field(
+        None, ge=1, description="Refuse submits (429) while more steps than this wait"
+    )
+    overload_retry_after_seconds: int = Field(5, ge=1)
     db_pool_size: int = Field(10, ge=1)
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")

@@ -21,7 +21,7 @@ from agent_reach_connectors.base import ToolCall
 # Submodule imports: they work whether or not the editable install predates the package's
 # __init__.py (which makes it a namespace package until the project is reinstalled).
 from agent_reach_executor.__main__ import run_executor
-from agent_reach_executor.client import ControllerClient
+from agent_reach_executor.client import ControllerClient, StepFailure, StepResult
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
 from agent_reach_executor.worker import Worker
@@ -62,7 +62,11 @@ class Running:
 
 @asynccontextmanager
 async def running_worker(
-    fake: FakeController, connectors: dict[str, Any], **overrides: Any
+    fake: FakeController,
+    connectors: dict[str, Any],
+    *,
+    runner: StepRunner | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Running]:
     settings = make_settings(fake.target, **overrides)
     async with ControllerClient(
@@ -72,7 +76,10 @@ async def running_worker(
         reconnect_maximum=settings.reconnect_maximum,
     ) as client:
         worker = Worker(
-            client, StepRunner(connectors), connectors=list(connectors), settings=settings
+            client,
+            runner or StepRunner(connectors),
+            connectors=list(connectors),
+            settings=settings,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
@@ -365,3 +372,143 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.poll_wait == 10.0
     assert settings.report_batch_max == 256
     assert settings.executor_id != ExecutorSettings().executor_id  # random suffix per instance
+
+
+async def test_reporter_survives_an_unexpected_error(
+    fake: FakeController, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = ControllerClient.report_results
+    calls = 0
+
+    async def flaky(self: ControllerClient, results: Any, *, deadline_s: float) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("not a ControllerError")
+        return await real(self, results, deadline_s=deadline_s)
+
+    monkeypatch.setattr(ControllerClient, "report_results", flaky)
+    key = fake.enqueue(connector="echo", args={"x": 1})
+    async with running_worker(fake, {"echo": FnConnector("echo", _echo)}) as running:
+        await wait_until(lambda: key in fake.results)  # the loop went on and delivered it
+        await wait_until(lambda: running.worker.stats.results_accepted == 1)
+    (record,) = events_of(caplog, "report_crashed")()
+    assert record.levelno == logging.ERROR
+    assert record.exc_info is not None
+
+
+async def test_heartbeats_survive_an_unexpected_error(
+    fake: FakeController, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = ControllerClient.heartbeat
+    calls = 0
+
+    async def flaky(self: ControllerClient, leases: Any, *, deadline_s: float) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("not a ControllerError")
+        return await real(self, leases, deadline_s=deadline_s)
+
+    monkeypatch.setattr(ControllerClient, "heartbeat", flaky)
+    probe = Probe()
+    key = fake.enqueue(connector="probe")
+    async with running_worker(fake, {"probe": FnConnector("probe", probe)}):
+        await wait_until(lambda: probe.running == 1)
+        await wait_until(lambda: len(fake.heartbeats) >= 2)  # beats go on after the surprise
+        probe.release.set()
+        await wait_until(lambda: key in fake.results)
+    assert len(events_of(caplog, "heartbeat_crashed")()) == 1
+
+
+class _PoisonRunner(StepRunner):
+    """Step s1 yields a result protobuf cannot encode (a runner bug); the rest run normally."""
+
+    async def run(self, assignment: Any) -> StepResult:
+        if assignment.step_id == "s1":
+            return StepResult(
+                lease=assignment.lease,
+                failure=StepFailure(code="connector_error", message="\ud800", retryable=False),
+                started_at_ms=1,
+                finished_at_ms=2,
+            )
+        return await super().run(assignment)
+
+
+async def test_a_result_that_cannot_be_encoded_does_not_block_the_others(
+    fake: FakeController, caplog: pytest.LogCaptureFixture
+) -> None:
+    connectors = {"echo": FnConnector("echo", _echo)}
+    poison = fake.enqueue(connector="echo")
+    async with running_worker(fake, connectors, runner=_PoisonRunner(connectors)) as running:
+        await wait_until(lambda: len(events_of(caplog, "result_unencodable")()) == 1)
+        good = fake.enqueue(connector="echo", args={"ok": True})
+        await wait_until(lambda: good in fake.results)
+        assert running.worker.stats.results_pending == 0
+        # Nothing heartbeats the poisoned lease any more: it expires and runs again elsewhere.
+        beats = len(fake.heartbeats)
+        await asyncio.sleep(0.2)
+        assert all(
+            (lease.step_key, lease.attempt) != poison
+            for hb in fake.heartbeats[beats:]
+            for lease in hb.leases
+        )
+    assert poison not in fake.results
+
+
+class _Stubborn:
+    """Swallows every cancellation until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.running = 0
+
+    async def __call__(self, call: ToolCall) -> Any:
+        self.running += 1
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                pass
+        return "late"
+
+
+async def test_drain_is_bounded_when_a_connector_ignores_cancellation(
+    fake: FakeController,
+) -> None:
+    stubborn = _Stubborn()
+    connectors = {"stubborn": FnConnector("stubborn", stubborn)}
+    runner = StepRunner(connectors, cancel_grace_s=0.1)
+    key = fake.enqueue(connector="stubborn")
+    try:
+        async with running_worker(fake, connectors, runner=runner, drain_grace=0.2) as running:
+            await wait_until(lambda: stubborn.running == 1)
+            began = time.monotonic()
+            running.stop.set()
+            await asyncio.wait_for(asyncio.shield(running.run), 3)  # hung for ever before
+            assert time.monotonic() - began < 2.0
+            assert running.worker.stats.in_flight == 0
+            assert runner.abandoned == 1
+        assert key not in fake.results
+    finally:
+        stubborn.release.set()
+        await asyncio.sleep(0.01)
+
+
+async def test_a_slot_is_freed_when_a_timed_out_connector_ignores_cancellation(
+    fake: FakeController,
+) -> None:
+    stubborn = _Stubborn()
+    connectors = {"stubborn": FnConnector("stubborn", stubborn)}
+    runner = StepRunner(connectors, cancel_grace_s=0.1)
+    first = fake.enqueue(connector="stubborn", timeout_ms=50)
+    try:
+        async with running_worker(fake, connectors, runner=runner, slots=1) as running:
+            await wait_until(lambda: first in fake.results)
+            assert fake.results[first].error.code == "timeout"
+            second = fake.enqueue(connector="stubborn", timeout_ms=50)
+            await wait_until(lambda: second in fake.results)  # the one slot was given back
+            assert running.worker.stats.in_flight == 0
+    finally:
+        stubborn.release.set()
+        await asyncio.sleep(0.01)

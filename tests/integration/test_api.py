@@ -242,3 +242,20 @@ async def test_storage_gone_is_503_with_retry_after(postgres_url: str, tmp_path:
             assert response.status_code == 503
             assert response.headers["retry-after"] == "2"
             assert response.json()["code"] == "storage_unavailable"
+
+
+async def test_submits_beyond_the_queue_limit_get_429(sqlite_url: str, tmp_path: Path) -> None:
+    async with api(sqlite_url, tmp_path, max_queued_steps=3) as (client, c):
+        for _ in range(2):
+            assert (
+                await client.post("/v1/tasks", json={"steps": [PLAN["steps"][0]]})
+            ).status_code == 202
+        assert await c.dispatch.refresh_queue_depth() == 2
+        refused = await client.post("/v1/tasks", json=PLAN)  # 2 queued + 2 more > 3
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "5"
+        assert refused.json()["code"] == "overloaded"
+        assert len((await client.get("/v1/tasks")).json()["tasks"]) == 2  # nothing stored
+        await work_off(c)
+        assert await c.dispatch.refresh_queue_depth() == 0
+        assert (await client.post("/v1/tasks", json=PLAN)).status_code == 202  # recovered

@@ -11,7 +11,12 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from agent_reach_controller.api.problems import pointer_from_loc, problem_response
-from agent_reach_controller.api.tasks import BadJsonError, BodyTooLargeError, components
+from agent_reach_controller.api.tasks import (
+    BadJsonError,
+    BodyTooLargeError,
+    OverloadedError,
+    components,
+)
 from agent_reach_controller.api.tasks import router as tasks_router
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
@@ -110,6 +115,17 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BodyTooLargeError)
     async def too_large(_: Request, exc: BodyTooLargeError) -> Response:
         return problem_response(413, code="too_large", title="Request too large", detail=str(exc))
+
+    @app.exception_handler(OverloadedError)
+    async def overloaded(request: Request, exc: OverloadedError) -> Response:
+        retry_after = request.app.state.components.settings.overload_retry_after_seconds
+        return problem_response(
+            429,
+            code="overloaded",
+            title="Too much work is queued",
+            detail=f"{exc}; nothing was accepted, retry later",
+            headers={"Retry-After": str(retry_after)},
+        )
 
     @app.exception_handler(TaskNotFoundError)
     async def not_found(_: Request, exc: TaskNotFoundError) -> Response:

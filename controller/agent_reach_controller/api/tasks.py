@@ -44,7 +44,7 @@ SUBMIT_BODY = {
 }
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.Problem, "content": {"application/problem+json": {}}}
-    for code in (400, 404, 409, 413, 422, 503)
+    for code in (400, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -77,6 +77,13 @@ class BodyTooLargeError(Exception):
         self.limit = limit
 
 
+class OverloadedError(Exception):
+    """More steps wait for executors than the controller is configured to queue."""
+
+    def __init__(self, depth: int, limit: int) -> None:
+        super().__init__(f"{depth:,} steps are waiting for executors; the limit is {limit:,}")
+
+
 class BadJsonError(Exception):
     """The body is not JSON."""
 
@@ -98,6 +105,9 @@ async def submit_task(
 ) -> Response:
     body = await _read_json(request, deps.settings.max_body_bytes)
     plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
+    limit = deps.settings.max_queued_steps
+    if limit is not None and deps.dispatch.queue_depth + len(plan.steps) > limit:
+        raise OverloadedError(deps.dispatch.queue_depth, limit)
     parent = parse_traceparent(traceparent)
     submitted = await deps.tasks.submit(
         SubmitInput(
@@ -184,4 +194,4 @@ async def task_events(
     return schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
 
 
-__all__ = ["BadJsonError", "BodyTooLargeError", "problem_response", "router"]
+__all__ = ["BadJsonError", "BodyTooLargeError", "OverloadedError", "problem_response", "router"]

@@ -81,6 +81,13 @@ class DispatchService:
         self.timings = timings
         self._rng = rng or random.Random()
         self.counters = DispatchCounters()
+        # Ready steps across all replicas, refreshed by the background loop (admission control).
+        self.queue_depth = 0
+
+    async def refresh_queue_depth(self) -> int:
+        async with self._db.transaction() as conn:
+            self.queue_depth = await store.queue_depth(conn)
+        return self.queue_depth
 
     async def claim(
         self, *, executor_id: str, connectors: Sequence[str], limit: int

@@ -79,6 +79,14 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
 
 
+async def queue_depth(conn: AsyncConnection) -> int:
+    """Steps waiting for an executor (ready, due or not), over the claim query's partial index."""
+    row = await conn.execute(
+        sa.select(sa.func.count()).select_from(steps).where(steps.c.status == StepStatus.READY)
+    )
+    return int(row.scalar_one())
+
+
 async def next_due(conn: AsyncConnection, connectors: Sequence[str]) -> datetime | None:
     """When the earliest ready-but-deferred step of these connectors becomes due."""
     row = await conn.execute(
