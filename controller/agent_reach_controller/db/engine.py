@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
+
+# Keys under this prefix in `conn.info` live for one transaction only.
+TX_STATE_PREFIX = "agent_reach.tx."
+_BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
+CommitHook = Callable[[AsyncConnection], Awaitable[None]]
+
+
+def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
+    """Run `hook(conn)` just before this transaction commits (not if it rolls back)."""
+    conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
 
 
 def normalize_url(url: str) -> str:
@@ -73,13 +83,19 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """A connection inside a transaction: committed on success, rolled back on error."""
-        if self._lock is None:
-            async with self.engine.begin() as conn:
+        """A connection inside a transaction: committed on success, rolled back on error.
+
+        Callbacks registered with `before_commit` run, in order, just before a successful
+        commit (batched writes such as the event log use it).
+        """
+        async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
+            try:
                 yield conn
-            return
-        async with self._lock, self.engine.begin() as conn:
-            yield conn
+                for hook in conn.info.get(_BEFORE_COMMIT, ()):
+                    await hook(conn)
+            finally:
+                for key in [k for k in conn.info if str(k).startswith(TX_STATE_PREFIX)]:
+                    del conn.info[key]
 
     async def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""

@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, Transition, apply, sources, target
+from agent_reach_controller.db.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.db.schema import (
     UtcDateTime,
     events,
@@ -36,8 +37,22 @@ class NewEvent:
     data: dict[str, Any] | None = None
 
 
+_EVENTS = f"{TX_STATE_PREFIX}events"
+
+
 async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
-    """Append history rows (one round trip for the whole batch)."""
+    """Append history rows; a transaction's events are written in one insert before it commits."""
+    if not new:
+        return
+    buffered: list[NewEvent] | None = conn.info.get(_EVENTS)
+    if buffered is None:
+        buffered = conn.info[_EVENTS] = []
+        before_commit(conn, _flush_events)
+    buffered.extend(new)
+
+
+async def _flush_events(conn: AsyncConnection) -> None:
+    new: list[NewEvent] = conn.info.pop(_EVENTS, [])
     if not new:
         return
     await conn.execute(
