@@ -31,6 +31,9 @@ from agent_reach.errors import ErrorCode
 from agent_reach_connectors.base import _SECRET_REF, ConnectorError, ToolCall, resolve_secrets
 
 MAX_TEXT = 64 * 1024
+# The most of an answer's body the connector reads (after decompression); a larger answer is a
+# failed call, never an executor that runs out of memory.
+MAX_BODY = 10 * 1024 * 1024
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BODY_MODES = frozenset({"auto", "none", "json"})
@@ -119,7 +122,21 @@ def _fill_url(tool: str, template: str, args: Mapping[str, Any]) -> tuple[str, s
             )
         used.add(piece)
         out.append(quote(_text(args[piece]), safe=""))
-    return "".join(out), used
+    url = "".join(out)
+    if _dot_segments(url) > _dot_segments(template):
+        # `quote` keeps "." and "..", which the client then resolves: an argument ".." would
+        # climb out of the configured path to another endpoint of the same host.
+        raise ConnectorError(
+            ErrorCode.INVALID_ARGUMENTS,
+            f"{tool}: an argument in the URL path cannot be '.' or '..'",
+            retryable=False,
+        )
+    return url, used
+
+
+def _dot_segments(url: str) -> int:
+    path = url.split("?", 1)[0].split("#", 1)[0]
+    return sum(segment in (".", "..") for segment in path.split("/"))
 
 
 def _safe_url(url: str) -> str:
@@ -170,13 +187,46 @@ def _transport_error(tool: str, where: str, exc: httpx.HTTPError) -> ConnectorEr
     )
 
 
-def _output(response: httpx.Response) -> Any:
+def _output(response: httpx.Response, body: bytes) -> Any:
     if "json" in response.headers.get("content-type", "").lower():
         try:
-            return response.json()
+            return json.loads(body)
         except (ValueError, UnicodeDecodeError):
             pass
-    return {"status": response.status_code, "text": response.text[:MAX_TEXT]}
+    text = body.decode(response.encoding or "utf-8", errors="replace")
+    return {"status": response.status_code, "text": text[:MAX_TEXT]}
+
+
+def _size(count: int) -> str:
+    for unit, factor in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if count >= factor and count % factor == 0:
+            return f"{count // factor} {unit}"
+    return f"{count} bytes"
+
+
+def _too_large(tool: str, where: str, limit: int) -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.CONNECTOR_ERROR,
+        f"{tool}: the answer from {where} is larger than {_size(limit)}; "
+        "it was not read, and the request may have been applied",
+        retryable=False,
+        maybe_applied=True,
+    )
+
+
+async def _read_body(response: httpx.Response, *, tool: str, where: str, limit: int) -> bytes:
+    """The (decoded) body, at most `limit` bytes: refused early by Content-Length, else read."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+        raise _too_large(tool, where, limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(tool, where, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _timeout(tool: str, config: Mapping[str, Any], default: float) -> httpx.Timeout:
@@ -208,13 +258,18 @@ class HttpConnector:
 
     Every request carries the step's `Idempotency-Key`, the task's `traceparent` and a
     `User-Agent: agent-reach/<version>`. A JSON answer is returned parsed; anything else as
-    `{"status": code, "text": first 64 KiB}`. Failures raise `ConnectorError` with one
-    sentence naming the tool, the status or `scheme://host/path`, and never a secret.
+    `{"status": code, "text": first 64 KiB}`. A body over `max_body` bytes (10 MiB) is not
+    read and fails the call; an error status's body is never read. Failures raise
+    `ConnectorError` with one sentence naming the tool, the status or `scheme://host/path`, and
+    never a secret.
     """
 
     name = "http"
 
-    def __init__(self, *, max_connections: int = 100, clients: int = 8) -> None:
+    def __init__(
+        self, *, max_connections: int = 100, clients: int = 8, max_body: int = MAX_BODY
+    ) -> None:
+        self._max_body = max_body
         self._clients_wanted = max(1, clients)
         per_client = max(1, max_connections // self._clients_wanted)
         self._limits = httpx.Limits(
@@ -290,12 +345,20 @@ class HttpConnector:
         except (AttributeError, TypeError, ValueError):
             raise _misconfigured(call.tool, "the http config is malformed") from None
         success = _success_statuses(call.tool, call.config)
+        where = redact(_safe_url(str(request.url)))
         try:
-            response = await self._client().send(request)
+            response = await self._client().send(request, stream=True)
         except httpx.HTTPError as exc:
-            where = redact(_safe_url(str(request.url)))
             raise _transport_error(call.tool, where, exc) from None
-        if response.is_success if success is None else response.status_code in success:
-            return _output(response)
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        raise _status_error(call.tool, response.status_code, retry_after)
+        try:
+            if not (response.is_success if success is None else response.status_code in success):
+                # The status says it all: an error page is never read (nor its size trusted).
+                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                raise _status_error(call.tool, response.status_code, retry_after)
+            try:
+                body = await _read_body(response, tool=call.tool, where=where, limit=self._max_body)
+            except httpx.HTTPError as exc:
+                raise _transport_error(call.tool, where, exc) from None
+            return _output(response, body)
+        finally:
+            await response.aclose()

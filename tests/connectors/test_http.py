@@ -414,3 +414,119 @@ async def test_concurrent_calls_each_apply_once(http, sink) -> None:
     outs = await asyncio.gather(*(http.invoke(c) for c in calls))
     assert outs == [{}] * 64
     assert sink.effects() == {f"task:s{i}": 1 for i in range(64)}
+
+
+# Answer size ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _raw_server(head: bytes, *, chunk: bytes = b"", forever: bool = False) -> Iterator[str]:
+    """A one-connection-at-a-time raw HTTP server: sends `head`, then `chunk` for ever if asked."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.1)
+    stopped = threading.Event()
+    sent = [0]
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                try:
+                    conn.sendall(head)
+                    while forever and not stopped.is_set():
+                        conn.sendall(chunk)
+                        sent[0] += len(chunk)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stopped.set()
+        thread.join(5)
+        listener.close()
+
+
+async def test_an_endless_body_is_cut_at_the_cap() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+    connector = HttpConnector(max_body=256 * 1024)
+    try:
+        with _raw_server(head, chunk=b"[1,2,3,4,5,6,7]" * 1000, forever=True) as url:
+            error = await asyncio.wait_for(failure(connector, call({"url": f"{url}/big"})), 5)
+    finally:
+        await connector.close()
+    assert (error.code, error.retryable, error.maybe_applied) == ("connector_error", False, True)
+    assert "larger than 256 KiB" in error.message
+    assert error.message.startswith("order.query: the answer from http://127.0.0.1:")
+
+
+async def test_a_declared_length_over_the_cap_is_refused_unread(http) -> None:
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+        b"Content-Length: 11534336\r\nConnection: close\r\n\r\n" + b"x" * 1000
+    )
+    with _raw_server(head) as url:
+        error = await asyncio.wait_for(failure(http, call({"url": f"{url}/big"})), 5)
+    assert error.code == "connector_error"
+    assert "larger than 10 MiB" in error.message
+
+
+async def test_a_body_at_the_cap_is_read(sink) -> None:
+    connector = HttpConnector(max_body=1000)
+    sink.script("/ok", [Response(body="y" * 1000)])
+    sink.script("/over", [Response(body="y" * 1001)])
+    try:
+        assert await connector.invoke(call({"url": f"{sink.url}/ok"})) == {
+            "status": 200,
+            "text": "y" * 1000,
+        }
+        error = await failure(connector, call({"url": f"{sink.url}/over"}))
+    finally:
+        await connector.close()
+    assert error.code == "connector_error"
+
+
+async def test_an_error_status_body_is_not_read() -> None:
+    head = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nConnection: close\r\n\r\n"
+    connector = HttpConnector(max_body=1024)
+    try:
+        with _raw_server(head, chunk=b"<html>" * 1000, forever=True) as url:
+            error = await asyncio.wait_for(failure(connector, call({"url": f"{url}/x"})), 5)
+    finally:
+        await connector.close()
+    assert (error.code, error.retry_after) == ("downstream_unavailable", 2.0)
+
+
+# Paths ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "args"),
+    [
+        ("/v1/orders/{order_id}", {"order_id": ".."}),
+        ("/v1/orders/{order_id}/items", {"order_id": "."}),
+        ("/v1/files/{a}{b}", {"a": ".", "b": "."}),
+    ],
+)
+async def test_arguments_cannot_climb_out_of_the_path(http, sink, template, args) -> None:
+    error = await failure(http, call({"url": f"{sink.url}{template}"}, args))
+    assert (error.code, error.retryable) == ("invalid_arguments", False)
+    assert sink.requests() == []
+
+
+async def test_dots_inside_an_argument_are_fine(http, sink) -> None:
+    await http.invoke(
+        call({"url": f"{sink.url}/files/{{name}}/{{v}}"}, {"name": "a..b", "v": "..."})
+    )
+    [req] = sink.requests()
+    assert req.path == "/files/a..b/..."

@@ -9,7 +9,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -466,10 +466,8 @@ class _Stubborn:
     async def __call__(self, call: ToolCall) -> Any:
         self.running += 1
         while not self.release.is_set():
-            try:
+            with suppress(asyncio.CancelledError):
                 await self.release.wait()
-            except asyncio.CancelledError:
-                pass
         return "late"
 
 
