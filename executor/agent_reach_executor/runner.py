@@ -214,6 +214,10 @@ def _decode_object(raw: bytes, *, what: str, code: ErrorCode) -> dict[str, Any]:
     return value
 
 
+# The largest output a step may return; the full output is stored with the step.
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+
+
 def _encode_output(tool: str, output: Any) -> bytes:
     """The output as UTF-8 JSON the controller can store, or a `connector_error`.
 
@@ -230,6 +234,12 @@ def _encode_output(tool: str, output: Any) -> bytes:
             "(or holds NaN, Infinity or an unpaired surrogate)",
             retryable=False,
         ) from None
+    if len(encoded) > MAX_OUTPUT_BYTES:
+        raise ConnectorError(
+            ErrorCode.CONNECTOR_ERROR,
+            f"{tool}: the output is {len(encoded):,} bytes; the limit is {MAX_OUTPUT_BYTES:,}",
+            retryable=False,
+        )
     if _JSON_NUL.search(text):
         raise ConnectorError(
             ErrorCode.CONNECTOR_ERROR,

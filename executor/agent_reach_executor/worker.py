@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Output bytes per ReportResults call: with outputs capped at MAX_OUTPUT_BYTES (runner), a batch
+# stays well under the 64 MiB the controller accepts.
+REPORT_BATCH_BYTES = 32 * 1024 * 1024
+
 # A long-poll answers after its wait; the call deadline leaves this much room for the network.
 _POLL_MARGIN_S = 5.0
 
@@ -324,13 +328,24 @@ class Worker:
 
     # -- reports ----------------------------------------------------------------------------------
 
+    def _next_batch(self, cap: int) -> list[StepResult]:
+        """Up to `cap` pending results, and no more output bytes than fit one message."""
+        size, count = 0, 0
+        for result in self._pending[:cap]:
+            size += len(result.output_json)
+            if count and size > REPORT_BATCH_BYTES:
+                break
+            count += 1
+        batch, self._pending = self._pending[:count], self._pending[count:]
+        return batch
+
     async def _report_loop(self) -> None:
         """Report results in batches: whatever accumulated during the previous call goes next."""
         backoff = self._backoff()
         cap = self._settings.report_batch_max
         while True:
             await self._results_ready.wait()
-            batch, self._pending = self._pending[:cap], self._pending[cap:]
+            batch = self._next_batch(cap)
             if not batch:
                 self._results_ready.clear()
                 self._reports_idle.set()

@@ -62,3 +62,53 @@ async def test_health_reflection_and_protocol(sqlite_url: str, tmp_path: Path) -
             pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=1, wait_ms=50)
         )
         assert list(empty.steps) == []
+
+
+async def test_unstorable_output_fails_its_step_not_the_batch(
+    database_url: str, tmp_path: Path
+) -> None:
+    from agent_reach_controller.planning.plan import parse_plan
+    from agent_reach_controller.state.tasks import SubmitInput
+
+    settings = ControllerSettings(
+        database_url=database_url,
+        tools=[write_tools(tmp_path)],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+    )
+    body = {
+        "steps": [
+            {"step_id": s, "tool": "echo.say", "args": {}} for s in ("nan", "nul", "half", "ok")
+        ]
+    }
+    async with (
+        running_controller(settings) as (c, bound),
+        grpc.aio.insecure_channel(bound.grpc) as channel,
+    ):
+        submitted = await c.tasks.submit(
+            SubmitInput(plan=parse_plan(body, c.catalog), request=body)
+        )
+        stub = pb_grpc.ExecutorServiceStub(channel)
+        polled = await stub.PollSteps(
+            pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=4)
+        )
+        outputs = {
+            "nan": b'{"x": NaN}',
+            "nul": b'{"x": "a\\u0000b"}',
+            "half": b'"\\ud83d"',
+            "ok": b'{"x": 1}',
+        }
+        results = [
+            pb.StepResult(
+                lease=a.lease, outcome=pb.OUTCOME_SUCCEEDED, output_json=outputs[a.step_id]
+            )
+            for a in polled.steps
+        ]
+        acks = await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=results))
+        assert [a.accepted for a in acks.acks] == [True] * 4
+        view = await c.tasks.get(submitted.task_id)
+        by_id = {s.step_id: s for s in view.steps}
+        assert by_id["ok"].status == "succeeded"
+        for name in ("nan", "nul", "half"):
+            assert by_id[name].status == "failed"
+            assert by_id[name].receipt["error"]["code"] == "connector_error"

@@ -43,6 +43,20 @@ def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
     )
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} cannot be stored")
+
+
+def _loads_storable(raw: bytes) -> Any:
+    """JSON that Postgres JSONB accepts: no NaN/Infinity, no NUL, no unpaired surrogate."""
+    text = raw.decode("utf-8")
+    if "\\u0000" in text.replace("\\\\", ""):
+        raise ValueError("NUL character")
+    value = json.loads(text, parse_constant=_reject_constant)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # raises on an unpaired surrogate
+    return value
+
+
 class BadResultError(ValueError):
     """A result message that cannot be decoded."""
 
@@ -52,9 +66,21 @@ def result_from_proto(message: pb.StepResult) -> AttemptResult:
     started, finished = from_ms(message.started_at_ms), from_ms(message.finished_at_ms)
     if message.outcome == pb.OUTCOME_SUCCEEDED:
         try:
-            output = json.loads(message.output_json) if message.output_json else None
-        except ValueError as exc:
-            raise BadResultError("output_json is not valid JSON") from exc
+            output = _loads_storable(message.output_json) if message.output_json else None
+        except (ValueError, RecursionError):
+            # One bad output fails its own step; it must not reject (and jam) the whole batch.
+            return AttemptResult(
+                step_key=key,
+                attempt=attempt,
+                error=AttemptError(
+                    code="connector_error",
+                    message="the tool's output is not storable JSON "
+                    "(invalid, NaN or Infinity, or a NUL character)",
+                    retryable=False,
+                ),
+                started_at=started,
+                finished_at=finished,
+            )
         return AttemptResult(
             step_key=key, attempt=attempt, output=output, started_at=started, finished_at=finished
         )
