@@ -257,3 +257,34 @@ async def test_attempt_budget_caps_starts_and_retries(database_url: str, tmp_pat
         assert a.status is StepStatus.FAILED
         assert a.receipt["error"]["code"] == "budget_exhausted"
         assert "downstream_unavailable" in a.receipt["error"]["message"]
+
+
+async def test_a_step_may_override_its_tools_retry_policy(
+    database_url: str, tmp_path: Path
+) -> None:
+    body = {
+        "steps": [
+            {"step_id": "a", "tool": "echo.say", "args": {}, "retry": {"maximum_attempts": 2}},
+            {
+                "step_id": "b",
+                "tool": "echo.say",
+                "args": {},
+                "retry": {"non_retryable_error_types": ["downstream_unavailable"]},
+            },
+        ]
+    }
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, body)
+        assert [s.max_attempts for s in view.steps] == [2, 3]  # the tool allows 3
+        for _ in range(2):
+            ready = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+            await c.dispatch.report(
+                executor_id="x",
+                results=[failed(s, "downstream_unavailable", retryable=True) for s in ready],
+            )
+        final = await c.tasks.get(view.task.task_id)
+        assert [(s.status, s.attempt) for s in final.steps] == [
+            (StepStatus.FAILED, 2),
+            (StepStatus.FAILED, 1),
+        ]
+        assert "after 2 attempts" in final.steps[0].receipt["error"]["message"]

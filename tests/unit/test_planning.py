@@ -225,6 +225,20 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         ">= 1",
     ),
     (
+        "retry override out of range",
+        {"steps": [{**WEATHER, "retry": {"maximum_attempts": 0}}]},
+        "/steps/0/retry/maximum_attempts",
+        "invalid_type",
+        "greater than or equal to 1",
+    ),
+    (
+        "retry override unknown field",
+        {"steps": [{**WEATHER, "retry": {"attempts": 3}}]},
+        "/steps/0/retry/attempts",
+        "unknown_field",
+        "Extra inputs",
+    ),
+    (
         "budget unknown key",
         {"steps": [WEATHER], "budget": {"max_steps": 3}},
         "/budget/max_steps",

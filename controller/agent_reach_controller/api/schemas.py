@@ -19,6 +19,9 @@ class StepIn(BaseModel):
     )
     depends_on: list[str] = Field(default_factory=list)
     when: str | None = Field(None, description="CEL condition over `steps` and `context`")
+    retry: dict[str, Any] | None = Field(
+        None, description="Overrides of the tool's retry policy for this step, field by field"
+    )
 
 
 class BudgetIn(BaseModel):

@@ -110,6 +110,8 @@ steps = sa.Table(
     sa.Column("status", sa.String(24), nullable=False),
     sa.Column("attempt", sa.Integer(), nullable=False),
     sa.Column("max_attempts", sa.Integer(), nullable=False),
+    # The step's own retry policy when the plan overrode the tool's; NULL means the tool's.
+    sa.Column("retry", Json),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),

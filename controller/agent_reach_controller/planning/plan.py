@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition
 from agent_reach_controller.planning.graph import Node, dependency_problems
 from agent_reach_controller.planning.limits import (
@@ -18,6 +20,7 @@ from agent_reach_controller.planning.problems import (
     Problem,
     ProblemCode,
     ProblemCollector,
+    pointer_join,
 )
 from agent_reach_controller.planning.references import (
     STEP_ID_PATTERN,
@@ -34,7 +37,7 @@ from agent_reach_controller.planning.shapes import (
     read_deadline,
     read_goal,
 )
-from agent_reach_controller.tools.catalog import ToolCatalog, ToolSpec
+from agent_reach_controller.tools.catalog import RetryPolicy, ToolCatalog, ToolSpec
 
 __all__ = [
     "Plan",
@@ -59,6 +62,7 @@ class PlannedStep:
     depends_on: tuple[str, ...]
     when: str | None
     position: int
+    retry: RetryPolicy | None = None  # the tool's policy with this step's overrides
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,7 +193,23 @@ def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: Proble
             out.add(where, P.INVALID_CONDITION, detail)
 
 
-def _planned(draft: StepDraft, spec: ToolSpec) -> PlannedStep:
+def _step_retry(
+    draft: StepDraft, spec: ToolSpec | None, out: ProblemCollector
+) -> RetryPolicy | None:
+    """The tool's retry policy overridden field by field by the step's `retry`."""
+    if draft.retry is None or spec is None:
+        return None
+    try:
+        return RetryPolicy.model_validate({**spec.retry.model_dump(), **draft.retry})
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = pointer_join(f"{draft.base}/retry", *(str(t) for t in error["loc"]))
+            code = P.UNKNOWN_FIELD if error["type"] == "extra_forbidden" else P.INVALID_TYPE
+            out.add(where, code, error["msg"])
+        return None
+
+
+def _planned(draft: StepDraft, spec: ToolSpec, retry: RetryPolicy | None) -> PlannedStep:
     assert draft.step_id is not None
     assert draft.args is not None
     return PlannedStep(
@@ -200,6 +220,7 @@ def _planned(draft: StepDraft, spec: ToolSpec) -> PlannedStep:
         depends_on=tuple(dict.fromkeys(draft.depends_on)),
         when=draft.when,
         position=draft.position,
+        retry=retry,
     )
 
 
@@ -228,9 +249,12 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         specs.append(spec)
         _check_args(draft, spec, ids=ids, limits=limits, out=out)
         _check_when(draft, ids, limits, out)
+    retries = [_step_retry(d, s, out) for d, s in zip(drafts, specs, strict=True)]
     if out.items:
         raise PlanInvalidError(out.items)
-    steps = tuple(_planned(d, s) for d, s in zip(drafts, specs, strict=True) if s is not None)
+    steps = tuple(
+        _planned(d, s, r) for d, s, r in zip(drafts, specs, retries, strict=True) if s is not None
+    )
     plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
     return Plan(
         goal=goal,

@@ -11,7 +11,7 @@ from agent_reach_controller.planning.problems import ProblemCode, ProblemCollect
 
 P = ProblemCode
 _PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget"})
-_STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when"})
+_STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when", "retry"})
 _OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget"})
 # The longest deadline a task may ask for: 30 days.
 MAX_DEADLINE_S = 30 * 24 * 3600.0
@@ -30,6 +30,7 @@ class StepDraft:
     args: dict[str, Any] | None = None
     depends_on: list[str] = field(default_factory=list)
     when: str | None = None
+    retry: dict[str, Any] | None = None
     pointers: dict[str, str] = field(default_factory=dict)
     args_addressable: bool = True
 
@@ -93,6 +94,8 @@ def _parse_step(raw: Any, position: int, out: ProblemCollector) -> StepDraft | N
                 out.add(
                     f"{ptr['depends_on']}/{index}", P.INVALID_TYPE, "a step id must be a string"
                 )
+    if raw.get("retry") is not None:
+        draft.retry = _object(raw["retry"], ptr["retry"], "'retry'", out)
     if raw.get("when") is not None:
         when = raw["when"]
         if isinstance(when, str):

@@ -11,7 +11,7 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
 from agent_reach_controller.state.records import StepChange, StepRow
-from agent_reach_controller.tools.catalog import ToolSpec, backoff_delay
+from agent_reach_controller.tools.catalog import RetryPolicy, ToolSpec, backoff_delay
 
 # The longest Retry-After we honour; a downstream asking for more gets this.
 RETRY_AFTER_CAP_S = 300.0
@@ -151,7 +151,8 @@ def _decide_failure(
 ) -> StepChange:
     if error.maybe_applied and not tool.idempotent:
         return _mark_unknown(step, error, tool=tool, now=now)
-    retryable = error.retryable and error.code not in tool.retry.non_retryable_error_types
+    policy = RetryPolicy.model_validate(step.retry) if step.retry else tool.retry
+    retryable = error.retryable and error.code not in policy.non_retryable_error_types
     if retryable and step.attempt < step.max_attempts and not budget.take():
         spent = {
             "code": ErrorCode.BUDGET_EXHAUSTED.value,
@@ -163,7 +164,7 @@ def _decide_failure(
             step=step, transition=Transition.FAIL, values=values, event_data={"error": spent}
         )
     if retryable and step.attempt < step.max_attempts:
-        delay = backoff_delay(tool.retry, step.attempt, rng=rng)
+        delay = backoff_delay(policy, step.attempt, rng=rng)
         if error.retry_after_s > 0:
             delay = max(delay, min(error.retry_after_s, RETRY_AFTER_CAP_S))
         return StepChange(

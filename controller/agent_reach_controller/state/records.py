@@ -38,6 +38,7 @@ class StepRow:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    retry: dict[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
