@@ -288,3 +288,32 @@ async def test_a_step_may_override_its_tools_retry_policy(
             (StepStatus.FAILED, 1),
         ]
         assert "after 2 attempts" in final.steps[0].receipt["error"]["message"]
+
+
+async def test_schedule_to_close_bounds_the_whole_step(database_url: str, tmp_path: Path) -> None:
+    from agent_reach_controller.rpc.convert import assignment_to_proto
+    from tests.integration.stack import TOOLS
+
+    tight = {
+        "name": "echo.tight",
+        "description": "Must be done within 300 ms of being scheduled.",
+        "connector": "echo",
+        "timeout": "30s",
+        "schedule_to_close": "300ms",
+        "retry": {"initial_interval": "1s", "maximum_attempts": 5, "jitter": False},
+        "idempotent": True,
+    }
+    body = {"steps": [{"step_id": "a", "tool": "echo.tight", "args": {}}]}
+    async with components_for(database_url, write_tools(tmp_path, [*TOOLS, tight])) as c:
+        view, _ = await submit(c, body)
+        [step] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+        timeout_ms = assignment_to_proto(step, c.catalog["echo.tight"]).timeout_ms
+        assert 1 <= timeout_ms <= 300  # the attempt gets what is left, not the tool's 30 s
+        await c.dispatch.report(
+            executor_id="x", results=[failed(step, "downstream_unavailable", retryable=True)]
+        )
+        final = (await c.tasks.get(view.task.task_id)).steps[0]
+        assert final.status is StepStatus.FAILED  # a 1 s backoff would pass the 300 ms bound
+        assert final.attempt == 1
+        assert final.receipt["error"]["code"] == "timeout"
+        assert "schedule_to_close" in final.receipt["error"]["message"]

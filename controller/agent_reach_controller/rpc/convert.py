@@ -8,7 +8,7 @@ from typing import Any
 
 from agent_reach.ids import make_traceparent, new_span_id
 from agent_reach.v1 import executor_pb2 as pb
-from agent_reach_controller.state.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.state.outcomes import AttemptError, AttemptResult, closes_at
 from agent_reach_controller.state.records import StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -25,6 +25,15 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _attempt_timeout_ms(step: StepRow, tool: ToolSpec) -> int:
+    """The tool's per-attempt timeout, cut to what is left of `schedule_to_close` (at least 1)."""
+    timeout = tool.timeout
+    close_by = closes_at(step, tool)
+    if close_by is not None:
+        timeout = min(timeout, (close_by - datetime.now(UTC)).total_seconds())
+    return max(1, int(timeout * 1000))
+
+
 def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
     return pb.StepAssignment(
         lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt),
@@ -37,7 +46,7 @@ def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
         idempotency_key=step.idempotency_key,
         trace_id=step.trace_id,
         traceparent=make_traceparent(step.trace_id, new_span_id()),
-        timeout_ms=int(tool.timeout * 1000),
+        timeout_ms=_attempt_timeout_ms(step, tool),
         lease_expires_at_ms=to_ms(step.lease_expires_at),
         max_attempts=step.max_attempts,
     )

@@ -167,6 +167,9 @@ def _decide_failure(
         delay = backoff_delay(policy, step.attempt, rng=rng)
         if error.retry_after_s > 0:
             delay = max(delay, min(error.retry_after_s, RETRY_AFTER_CAP_S))
+        close_by = closes_at(step, tool)
+        if close_by is not None and now + timedelta(seconds=delay) >= close_by:
+            return _out_of_time(step, error, tool=tool, now=now)
         return StepChange(
             step=step,
             transition=Transition.RETRY,
@@ -247,3 +250,25 @@ def decide_resolution(
         step, tool=tool, transition=Transition.RESOLVE_FAILED, now=now, error=error
     )
     return StepChange(step=step, transition=Transition.RESOLVE_FAILED, values=values)
+
+
+def closes_at(step: StepRow, tool: ToolSpec) -> datetime | None:
+    """When the step must be over, retries included (the tool's `schedule_to_close`)."""
+    if tool.schedule_to_close is None:
+        return None
+    return step.created_at + timedelta(seconds=tool.schedule_to_close)
+
+
+def _out_of_time(
+    step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime
+) -> StepChange:
+    late = {
+        "code": ErrorCode.TIMEOUT.value,
+        "message": f"{error.message}; not retried: {step.tool} must finish within "
+        f"{tool.schedule_to_close:g}s of being scheduled (schedule_to_close)",
+        "retryable": False,
+    }
+    values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=late)
+    return StepChange(
+        step=step, transition=Transition.FAIL, values=values, event_data={"error": late}
+    )

@@ -111,6 +111,8 @@ class ToolSpec(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     output: list[str] | None = None
     timeout: Seconds = 30.0
+    # The whole step, retries and waits included: no attempt starts or runs past it.
+    schedule_to_close: Seconds | None = None
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     risk: Literal["read", "write", "dangerous"] = "read"
     idempotent: bool = False
