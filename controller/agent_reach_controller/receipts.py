@@ -44,6 +44,7 @@ class ReceiptMeta:
     idempotency_key: str
     trace_id: str
     verified: bool | None = None
+    fallback_for: str | None = None  # the tool that failed before this one answered
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +77,8 @@ class Receipt:
             "trace_id": m.trace_id,
             "verified": m.verified,
         }
+        if m.fallback_for is not None:
+            out["meta"]["fallback_for"] = m.fallback_for
         return out
 
     @classmethod
@@ -101,6 +104,7 @@ class Receipt:
                 idempotency_key=str(meta.get("idempotency_key", "")),
                 trace_id=str(meta.get("trace_id", "")),
                 verified=meta.get("verified"),
+                fallback_for=meta.get("fallback_for"),
             ),
         )
 

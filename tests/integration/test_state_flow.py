@@ -317,3 +317,41 @@ async def test_schedule_to_close_bounds_the_whole_step(database_url: str, tmp_pa
         assert final.attempt == 1
         assert final.receipt["error"]["code"] == "timeout"
         assert "schedule_to_close" in final.receipt["error"]["message"]
+
+
+async def test_a_failed_step_tries_its_tools_fallback(database_url: str, tmp_path: Path) -> None:
+    from tests.integration.stack import TOOLS
+
+    primary = {
+        "name": "quote.primary",
+        "description": "Primary quote service.",
+        "connector": "echo",
+        "retry": {"maximum_attempts": 1},
+        "fallback": "quote.backup",
+    }
+    backup = {
+        "name": "quote.backup",
+        "description": "Backup quote service.",
+        "connector": "script",
+        "retry": {"maximum_attempts": 2, "initial_interval": "10ms", "jitter": False},
+    }
+    body = {"steps": [{"step_id": "q", "tool": "quote.primary", "args": {"sku": "A1"}}]}
+    tools = write_tools(tmp_path, [*TOOLS, primary, backup])
+    async with components_for(database_url, tools) as c:
+        view, _ = await submit(c, body)
+        [first] = await c.dispatch.claim(executor_id="x", connectors=["echo", "script"], limit=1)
+        assert first.tool == "quote.primary"
+        await c.dispatch.report(
+            executor_id="x", results=[failed(first, "downstream_rejected", retryable=False)]
+        )
+        [second] = await c.dispatch.poll(executor_id="x", connectors=["script"], limit=1, wait=5)
+        assert (second.tool, second.connector, second.attempt) == ("quote.backup", "script", 2)
+        assert second.idempotency_key == first.idempotency_key
+        await c.dispatch.report(executor_id="x", results=[ok(second, {"price": 3})])
+        final = await c.tasks.get(view.task.task_id)
+        step = final.steps[0]
+        assert (step.status, final.task.status) == (StepStatus.SUCCEEDED, TaskStatus.SUCCEEDED)
+        assert step.receipt["meta"]["tool"] == "quote.backup"
+        assert step.receipt["meta"]["fallback_for"] == "quote.primary"
+        switched = [e.data for e in await c.tasks.events(view.task.task_id) if e.kind == "retry"]
+        assert switched[0]["fallback"]["from"] == "quote.primary"

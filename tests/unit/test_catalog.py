@@ -196,3 +196,18 @@ def test_openai_names_are_valid_and_collisions_refused() -> None:
     ]
     with pytest.raises(ToolFileError, match=r"OpenAI name 'a_b' is also that of tool 'a\.b'"):
         ToolCatalog(specs)
+
+
+def test_fallbacks_must_exist_and_must_not_loop() -> None:
+    from agent_reach_controller.tools.catalog import ToolFileError, ToolSpec
+
+    def tool(name: str, fallback: str | None = None) -> ToolSpec:
+        return ToolSpec(name=name, description="d", connector="echo", fallback=fallback)
+
+    assert len(ToolCatalog([tool("a", "b"), tool("b")])) == 2
+    with pytest.raises(ToolFileError) as loop:
+        ToolCatalog([tool("a", "b"), tool("b", "a")])
+    assert "fallbacks loop (a -> b -> a)" in str(loop.value)
+    with pytest.raises(ToolFileError) as unknown:
+        ToolCatalog([tool("a", "x")])
+    assert "fallback 'x' is not a known tool" in str(unknown.value)

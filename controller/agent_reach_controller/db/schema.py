@@ -112,6 +112,8 @@ steps = sa.Table(
     sa.Column("max_attempts", sa.Integer(), nullable=False),
     # The step's own retry policy when the plan overrode the tool's; NULL means the tool's.
     sa.Column("retry", Json),
+    # The tool the step started with, once it has switched to that tool's fallback.
+    sa.Column("fallback_from", sa.String(128)),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),

@@ -219,12 +219,13 @@ class DispatchService:
                     now=now,
                     rng=self._rng,
                     budget=budgets.get(step.task_id, NO_BUDGET),
+                    tool_named=self._registry.catalog.get,
                 )
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
         requeued = {
-            c.step.connector
+            c.values.get("connector", c.step.connector)
             for _, c, _ in decided
             if c is not None and c.step.id in moved and c.transition is Transition.RETRY
         }
@@ -306,6 +307,7 @@ class DispatchService:
                     now=now,
                     rng=self._rng,
                     budget=budgets.get(step.task_id, NO_BUDGET),
+                    tool_named=self._registry.catalog.get,
                 )
                 for step in current.values()
                 if step.status is StepStatus.RUNNING
@@ -314,7 +316,9 @@ class DispatchService:
             ]
             moved = await store.change_steps(conn, changes, now=now)
             reaped = len(moved)
-            connectors = {c.step.connector for c in changes if c.step.id in moved}
+            connectors = {
+                c.values.get("connector", c.step.connector) for c in changes if c.step.id in moved
+            }
             advanced = await self._tasks.advance(
                 conn, {s.task_id for s in current.values()}, now=now, locked=True
             )

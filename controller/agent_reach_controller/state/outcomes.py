@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
+from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import RetryPolicy, ToolSpec, backoff_delay
@@ -69,6 +71,7 @@ def terminal_values(
             idempotency_key=step.idempotency_key,
             trace_id=step.trace_id,
             verified=None,
+            fallback_for=step.fallback_from,
         ),
     )
     return {
@@ -99,7 +102,14 @@ class Budget:
 NO_BUDGET = Budget()
 
 
-def decide_result(
+FallbackLookup = Callable[[str], "ToolSpec | None"]
+
+
+def _no_fallback(_: str) -> ToolSpec | None:
+    return None
+
+
+def decide_result(  # noqa: PLR0913
     step: StepRow,
     result: AttemptResult,
     *,
@@ -107,6 +117,7 @@ def decide_result(
     now: datetime,
     rng: random.Random,
     budget: Budget = NO_BUDGET,
+    tool_named: FallbackLookup = _no_fallback,
 ) -> StepChange:
     """The transition a reported attempt leads to (the caller has checked the lease)."""
     if result.error is None:
@@ -114,7 +125,8 @@ def decide_result(
             step, tool=tool, transition=Transition.SUCCEED, now=now, output=result.output
         )
         return StepChange(step=step, transition=Transition.SUCCEED, values=values)
-    return _decide_failure(step, result.error, tool=tool, now=now, rng=rng, budget=budget)
+    change = _decide_failure(step, result.error, tool=tool, now=now, rng=rng, budget=budget)
+    return _or_fallback(change, tool=tool, tool_named=tool_named, now=now)
 
 
 def decide_lease_expiry(
@@ -124,6 +136,7 @@ def decide_lease_expiry(
     now: datetime,
     rng: random.Random,
     budget: Budget = NO_BUDGET,
+    tool_named: FallbackLookup = _no_fallback,
 ) -> StepChange:
     """A running step whose executor stopped heartbeating: retry it, or fail it if exhausted."""
     error = AttemptError(
@@ -133,6 +146,7 @@ def decide_lease_expiry(
         maybe_applied=True,  # it may have called the downstream before it went away
     )
     change = _decide_failure(step, error, tool=tool, now=now, rng=rng, budget=budget)
+    change = _or_fallback(change, tool=tool, tool_named=tool_named, now=now)
     data = dict(change.event_data or {})
     data["lease_owner"] = step.lease_owner
     return StepChange(
@@ -161,7 +175,10 @@ def _decide_failure(
         }
         values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=spent)
         return StepChange(
-            step=step, transition=Transition.FAIL, values=values, event_data={"error": spent}
+            step=step,
+            transition=Transition.FAIL,
+            values=values,
+            event_data={"error": spent, "final": "budget"},
         )
     if retryable and step.attempt < step.max_attempts:
         delay = backoff_delay(policy, step.attempt, rng=rng)
@@ -270,5 +287,53 @@ def _out_of_time(
     }
     values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=late)
     return StepChange(
-        step=step, transition=Transition.FAIL, values=values, event_data={"error": late}
+        step=step,
+        transition=Transition.FAIL,
+        values=values,
+        event_data={"error": late, "final": "schedule_to_close"},
+    )
+
+
+def _or_fallback(
+    change: StepChange, *, tool: ToolSpec, tool_named: FallbackLookup, now: datetime
+) -> StepChange:
+    """A step that failed for good tries its tool's fallback, with the same arguments.
+
+    Not after a spent budget or deadline (a fallback is one more attempt), and not when the
+    arguments do not fit the fallback's schema.
+    """
+    if change.transition is not Transition.FAIL or tool.fallback is None:
+        return change
+    error = change.values.get("error") or {}
+    if (change.event_data or {}).get("final"):
+        return change
+    fallback = tool_named(tool.fallback)
+    step = change.step
+    args = step.resolved_args if step.resolved_args is not None else step.args
+    if fallback is None or not fallback.enabled or validate_resolved_args(fallback, args):
+        return change
+    switched = {
+        "from": step.tool,
+        "to": fallback.name,
+        "error": error,
+    }
+    return StepChange(
+        step=step,
+        transition=Transition.RETRY,
+        values={
+            "tool": fallback.name,
+            "tool_version": fallback.version,
+            "connector": fallback.connector,
+            "fallback_from": step.fallback_from or step.tool,
+            "retry": None,
+            "attempt": step.attempt + 1,
+            "max_attempts": step.attempt + fallback.retry.maximum_attempts,
+            "not_before": now,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "error": error or None,
+            "receipt": None,
+            "finished_at": None,
+        },
+        event_data={"fallback": switched},
     )

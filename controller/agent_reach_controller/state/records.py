@@ -39,6 +39,7 @@ class StepRow:
     started_at: datetime | None
     finished_at: datetime | None
     retry: dict[str, Any] | None = None
+    fallback_from: str | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:

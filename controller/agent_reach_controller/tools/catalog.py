@@ -116,6 +116,8 @@ class ToolSpec(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     risk: Literal["read", "write", "dangerous"] = "read"
     idempotent: bool = False
+    # Another tool to try, with the same arguments, once this one has failed for good.
+    fallback: str | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
@@ -209,6 +211,26 @@ def _load_file(path: Path) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
     return _validate_entries(source, key, entries)
 
 
+def _fallback_errors(tools: Mapping[str, ToolSpec]) -> list[str]:
+    """Every fallback names another known tool, and no chain of fallbacks loops."""
+    errors = []
+    for spec in tools.values():
+        if spec.fallback is None:
+            continue
+        if spec.fallback not in tools:
+            errors.append(f"tool {spec.name!r}: fallback {spec.fallback!r} is not a known tool")
+            continue
+        seen: list[str] = [spec.name]
+        following: str | None = spec.fallback
+        while following is not None and following in tools and following not in seen:
+            seen.append(following)
+            following = tools[following].fallback
+        if following is not None and following in seen:
+            chain = " -> ".join([*seen, following])
+            errors.append(f"tool {spec.name!r}: fallbacks loop ({chain})")
+    return errors
+
+
 class ToolCatalog(Mapping[str, ToolSpec]):
     """An immutable mapping of tool name to ToolSpec, with exports for model APIs."""
 
@@ -232,6 +254,7 @@ class ToolCatalog(Mapping[str, ToolSpec]):
                 continue
             tools[spec.name] = spec
             by_openai[mapped] = spec.name
+        errors += _fallback_errors(tools)
         if errors:
             raise ToolFileError(errors)
         self._tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
