@@ -16,14 +16,16 @@ from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import store
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
-    NO_BUDGET,
     AttemptResult,
+    Budget,
+    Decision,
     decide_lease_expiry,
     decide_result,
 )
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.tasks import TaskService
+from agent_reach_controller.tools.catalog import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,15 @@ class DispatchService:
         self.counters = DispatchCounters()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
+
+    def _decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
+        return Decision(
+            tool=tool,
+            now=now,
+            rng=self._rng,
+            budget=budget or Budget(),
+            tool_named=self._registry.catalog.get,
+        )
 
     async def refresh_queue_depth(self) -> int:
         async with self._db.transaction() as conn:
@@ -213,13 +224,7 @@ class DispatchService:
             else:
                 tool = self._registry.get(step.tool, step.tool_version)
                 decision = decide_result(
-                    step,
-                    result,
-                    tool=tool,
-                    now=now,
-                    rng=self._rng,
-                    budget=budgets.get(step.task_id, NO_BUDGET),
-                    tool_named=self._registry.catalog.get,
+                    step, result, self._decision(tool, now, budgets.get(step.task_id))
                 )
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
@@ -303,11 +308,11 @@ class DispatchService:
             changes = [
                 decide_lease_expiry(
                     step,
-                    tool=self._registry.get(step.tool, step.tool_version),
-                    now=now,
-                    rng=self._rng,
-                    budget=budgets.get(step.task_id, NO_BUDGET),
-                    tool_named=self._registry.catalog.get,
+                    self._decision(
+                        self._registry.get(step.tool, step.tool_version),
+                        now,
+                        budgets.get(step.task_id),
+                    ),
                 )
                 for step in current.values()
                 if step.status is StepStatus.RUNNING

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -99,9 +99,6 @@ class Budget:
         return True
 
 
-NO_BUDGET = Budget()
-
-
 FallbackLookup = Callable[[str], "ToolSpec | None"]
 
 
@@ -109,35 +106,28 @@ def _no_fallback(_: str) -> ToolSpec | None:
     return None
 
 
-def decide_result(  # noqa: PLR0913
-    step: StepRow,
-    result: AttemptResult,
-    *,
-    tool: ToolSpec,
-    now: datetime,
-    rng: random.Random,
-    budget: Budget = NO_BUDGET,
-    tool_named: FallbackLookup = _no_fallback,
-) -> StepChange:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What deciding a failure needs besides the step: its tool, the time, and the task's limits."""
+
+    tool: ToolSpec
+    now: datetime
+    rng: random.Random
+    budget: Budget = field(default_factory=Budget)
+    tool_named: FallbackLookup = _no_fallback  # finds a fallback tool by name
+
+
+def decide_result(step: StepRow, result: AttemptResult, ctx: Decision) -> StepChange:
     """The transition a reported attempt leads to (the caller has checked the lease)."""
     if result.error is None:
         values = terminal_values(
-            step, tool=tool, transition=Transition.SUCCEED, now=now, output=result.output
+            step, tool=ctx.tool, transition=Transition.SUCCEED, now=ctx.now, output=result.output
         )
         return StepChange(step=step, transition=Transition.SUCCEED, values=values)
-    change = _decide_failure(step, result.error, tool=tool, now=now, rng=rng, budget=budget)
-    return _or_fallback(change, tool=tool, tool_named=tool_named, now=now)
+    return _or_fallback(_decide_failure(step, result.error, ctx), ctx)
 
 
-def decide_lease_expiry(
-    step: StepRow,
-    *,
-    tool: ToolSpec,
-    now: datetime,
-    rng: random.Random,
-    budget: Budget = NO_BUDGET,
-    tool_named: FallbackLookup = _no_fallback,
-) -> StepChange:
+def decide_lease_expiry(step: StepRow, ctx: Decision) -> StepChange:
     """A running step whose executor stopped heartbeating: retry it, or fail it if exhausted."""
     error = AttemptError(
         code=ErrorCode.LEASE_LOST.value,
@@ -145,8 +135,7 @@ def decide_lease_expiry(
         retryable=True,
         maybe_applied=True,  # it may have called the downstream before it went away
     )
-    change = _decide_failure(step, error, tool=tool, now=now, rng=rng, budget=budget)
-    change = _or_fallback(change, tool=tool, tool_named=tool_named, now=now)
+    change = _or_fallback(_decide_failure(step, error, ctx), ctx)
     data = dict(change.event_data or {})
     data["lease_owner"] = step.lease_owner
     return StepChange(
@@ -154,26 +143,20 @@ def decide_lease_expiry(
     )
 
 
-def _decide_failure(
-    step: StepRow,
-    error: AttemptError,
-    *,
-    tool: ToolSpec,
-    now: datetime,
-    rng: random.Random,
-    budget: Budget,
-) -> StepChange:
-    if error.maybe_applied and not tool.idempotent:
-        return _mark_unknown(step, error, tool=tool, now=now)
-    policy = RetryPolicy.model_validate(step.retry) if step.retry else tool.retry
+def _decide_failure(step: StepRow, error: AttemptError, ctx: Decision) -> StepChange:
+    if error.maybe_applied and not ctx.tool.idempotent:
+        return _mark_unknown(step, error, tool=ctx.tool, now=ctx.now)
+    policy = RetryPolicy.model_validate(step.retry) if step.retry else ctx.tool.retry
     retryable = error.retryable and error.code not in policy.non_retryable_error_types
-    if retryable and step.attempt < step.max_attempts and not budget.take():
+    if retryable and step.attempt < step.max_attempts and not ctx.budget.take():
         spent = {
             "code": ErrorCode.BUDGET_EXHAUSTED.value,
             "message": f"{error.message}; not retried: the task's attempt budget is spent",
             "retryable": False,
         }
-        values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=spent)
+        values = terminal_values(
+            step, tool=ctx.tool, transition=Transition.FAIL, now=ctx.now, error=spent
+        )
         return StepChange(
             step=step,
             transition=Transition.FAIL,
@@ -181,18 +164,18 @@ def _decide_failure(
             event_data={"error": spent, "final": "budget"},
         )
     if retryable and step.attempt < step.max_attempts:
-        delay = backoff_delay(policy, step.attempt, rng=rng)
+        delay = backoff_delay(policy, step.attempt, rng=ctx.rng)
         if error.retry_after_s > 0:
             delay = max(delay, min(error.retry_after_s, RETRY_AFTER_CAP_S))
-        close_by = closes_at(step, tool)
-        if close_by is not None and now + timedelta(seconds=delay) >= close_by:
-            return _out_of_time(step, error, tool=tool, now=now)
+        close_by = closes_at(step, ctx.tool)
+        if close_by is not None and ctx.now + timedelta(seconds=delay) >= close_by:
+            return _out_of_time(step, error, tool=ctx.tool, now=ctx.now)
         return StepChange(
             step=step,
             transition=Transition.RETRY,
             values={
                 "attempt": step.attempt + 1,
-                "not_before": now + timedelta(seconds=delay),
+                "not_before": ctx.now + timedelta(seconds=delay),
                 "lease_owner": None,
                 "lease_expires_at": None,
                 "error": error.as_dict(),
@@ -202,7 +185,9 @@ def _decide_failure(
     final = error.as_dict()
     if retryable:
         final["message"] = f"{error.message} (after {step.attempt} attempts)"
-    values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=final)
+    values = terminal_values(
+        step, tool=ctx.tool, transition=Transition.FAIL, now=ctx.now, error=final
+    )
     return StepChange(
         step=step, transition=Transition.FAIL, values=values, event_data={"error": final}
     )
@@ -294,20 +279,18 @@ def _out_of_time(
     )
 
 
-def _or_fallback(
-    change: StepChange, *, tool: ToolSpec, tool_named: FallbackLookup, now: datetime
-) -> StepChange:
+def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     """A step that failed for good tries its tool's fallback, with the same arguments.
 
     Not after a spent budget or deadline (a fallback is one more attempt), and not when the
     arguments do not fit the fallback's schema.
     """
-    if change.transition is not Transition.FAIL or tool.fallback is None:
+    if change.transition is not Transition.FAIL or ctx.tool.fallback is None:
         return change
     error = change.values.get("error") or {}
     if (change.event_data or {}).get("final"):
         return change
-    fallback = tool_named(tool.fallback)
+    fallback = ctx.tool_named(ctx.tool.fallback)
     step = change.step
     args = step.resolved_args if step.resolved_args is not None else step.args
     if fallback is None or not fallback.enabled or validate_resolved_args(fallback, args):
@@ -328,7 +311,7 @@ def _or_fallback(
             "retry": None,
             "attempt": step.attempt + 1,
             "max_attempts": step.attempt + fallback.retry.maximum_attempts,
-            "not_before": now,
+            "not_before": ctx.now,
             "lease_owner": None,
             "lease_expires_at": None,
             "error": error or None,
