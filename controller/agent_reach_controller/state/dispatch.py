@@ -86,6 +86,14 @@ class DispatchService:
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
 
+    def _concurrency(self, connectors: Sequence[str]) -> dict[str, int]:
+        """The concurrency caps of the tools these connectors run (the live catalogue's)."""
+        return {
+            tool.name: tool.concurrency
+            for tool in self._registry.catalog.values()
+            if tool.concurrency is not None and tool.connector in connectors
+        }
+
     def _decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
         return Decision(
             tool=tool,
@@ -124,6 +132,7 @@ class DispatchService:
                     now=now,
                     lease_expires_at=now + self.timings.lease,
                 ),
+                concurrency=self._concurrency(connectors),
             )
             if not claimed:
                 return [], await store.next_due(conn, connectors)

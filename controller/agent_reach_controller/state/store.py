@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -252,9 +252,9 @@ class ClaimInput:
     lease_expires_at: datetime
 
 
-async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
-    """Lease up to `limit` due ready steps to an executor (FOR UPDATE SKIP LOCKED on Postgres)."""
-    picked = (
+def _ready_ids(claim: ClaimInput) -> sa.Select[tuple[int]]:
+    """Due ready steps of these connectors, oldest first, skipping rows other claimers hold."""
+    return (
         sa.select(steps.c.id)
         .where(
             steps.c.status.in_(sources(Transition.LEASE)),
@@ -265,9 +265,56 @@ async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]
         .limit(claim.limit)
         .with_for_update(skip_locked=True)
     )
+
+
+async def claim_ready(
+    conn: AsyncConnection, claim: ClaimInput, *, concurrency: Mapping[str, int] | None = None
+) -> list[StepRow]:
+    """Lease up to `limit` due ready steps to an executor (FOR UPDATE SKIP LOCKED on Postgres).
+
+    `concurrency` caps steps running at once per tool name, across every replica: claims of a
+    capped tool take a transaction-scoped advisory lock, so two replicas never both see room
+    for the same last slot.
+    """
+    if not concurrency:
+        return await _lease(conn, _ready_ids(claim).scalar_subquery(), claim)
+    room = await _room(conn, concurrency)
+    full = [tool for tool, left in room.items() if left <= 0]
+    query = _ready_ids(claim).add_columns(steps.c.tool)
+    if full:
+        query = query.where(steps.c.tool.not_in(full))
+    picked: list[int] = []
+    for step_key, tool in (await conn.execute(query)).all():
+        if tool in room:
+            if room[tool] <= 0:
+                continue
+            room[tool] -= 1
+        picked.append(step_key)
+    return await _lease(conn, picked, claim) if picked else []
+
+
+async def _room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
+    """Free slots per capped tool, under each tool's advisory lock (taken in name order)."""
+    tools = sorted(concurrency)
+    if conn.dialect.name == "postgresql":
+        for tool in tools:
+            await conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+                {"key": f"agent_reach:v1:concurrency:{tool}"},
+            )
+    rows = await conn.execute(
+        sa.select(steps.c.tool, sa.func.count())
+        .where(steps.c.status == StepStatus.RUNNING, steps.c.tool.in_(tools))
+        .group_by(steps.c.tool)
+    )
+    running = {tool: int(count) for tool, count in rows.all()}
+    return {tool: concurrency[tool] - running.get(tool, 0) for tool in tools}
+
+
+async def _lease(conn: AsyncConnection, ids: Any, claim: ClaimInput) -> list[StepRow]:
     stmt = (
         sa.update(steps)
-        .where(steps.c.id.in_(picked.scalar_subquery()))
+        .where(steps.c.id.in_(ids), steps.c.status.in_(sources(Transition.LEASE)))
         .values(
             status=target(Transition.LEASE),
             lease_owner=claim.executor_id,

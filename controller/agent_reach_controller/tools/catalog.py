@@ -118,6 +118,8 @@ class ToolSpec(BaseModel):
     idempotent: bool = False
     # Another tool to try, with the same arguments, once this one has failed for good.
     fallback: str | None = None
+    # The most steps of this tool running at once, across every controller and executor.
+    concurrency: int | None = Field(None, ge=1)
     enabled: bool = True
 
     @field_validator("input_schema")

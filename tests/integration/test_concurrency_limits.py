@@ -1,0 +1,54 @@
+"""A tool's concurrency cap holds across replicas and frees up as steps finish or expire."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.state.tasks import SubmitInput
+from tests.integration.stack import TOOLS, components_for, ok, write_tools
+
+CAPPED = {
+    "name": "bank.transfer",
+    "description": "At most two at once.",
+    "connector": "echo",
+    "concurrency": 2,
+    "idempotent": True,
+}
+
+
+def body(n: int) -> dict:
+    steps = [{"step_id": f"t{i}", "tool": "bank.transfer", "args": {}} for i in range(n)]
+    return {"steps": [*steps, {"step_id": "free", "tool": "echo.say", "args": {}}]}
+
+
+async def test_cap_holds_and_frees(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path, [*TOOLS, CAPPED])) as c:
+        plan = body(6)
+        await c.tasks.submit(SubmitInput(plan=parse_plan(plan, c.catalog), request=plan))
+        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert sorted(s.tool for s in first) == ["bank.transfer", "bank.transfer", "echo.say"]
+        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        done = next(s for s in first if s.tool == "bank.transfer")
+        await c.dispatch.report(executor_id="x", results=[ok(done, {})])
+        again = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert [s.tool for s in again] == ["bank.transfer"]
+
+
+async def test_cap_holds_across_two_controllers(postgres_url: str, tmp_path: Path) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, CAPPED])
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+    ):
+        plan = body(40)
+        await one.tasks.submit(SubmitInput(plan=parse_plan(plan, one.catalog), request=plan))
+        claims = await asyncio.gather(
+            *(
+                c.dispatch.claim(executor_id=f"x{i}", connectors=["echo"], limit=5)
+                for i, c in enumerate([one, two] * 6)
+            )
+        )
+        capped = [s for batch in claims for s in batch if s.tool == "bank.transfer"]
+        assert len(capped) == 2
