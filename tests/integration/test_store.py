@@ -75,3 +75,12 @@ async def test_concurrent_transitions_of_one_row_have_one_winner(
 
         outcomes = await asyncio.gather(*(attempt(c, i) for i, c in enumerate([one, two] * 4)))
         assert sorted(len(o) for o in outcomes) == [0] * 7 + [1]
+
+
+async def test_a_claim_never_leases_more_than_its_limit(database_url: str, tmp_path: Path) -> None:
+    many = {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(50)]}
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        await c.tasks.submit(SubmitInput(plan=parse_plan(many, c.catalog), request=many))
+        for limit in (1, 2, 7):
+            claimed = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=limit)
+            assert len(claimed) == limit

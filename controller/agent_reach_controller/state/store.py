@@ -16,12 +16,14 @@ from agent_reach.states import StepStatus, TaskStatus, Transition, apply, source
 from agent_reach_controller.db.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.db.schema import (
     UtcDateTime,
+    breakers,
     events,
     idempotency_keys,
     steps,
     tasks,
     tools,
 )
+from agent_reach_controller.flow.breakers import Breaker, BreakerState
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 
 
@@ -92,6 +94,60 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
         return {}
     rows = await conn.execute(sa.select(steps).where(steps.c.id.in_(wanted)))
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
+
+
+async def load_breakers(
+    conn: AsyncConnection, tools: Iterable[str], *, lock: bool = False
+) -> dict[str, Breaker]:
+    """Breaker rows of these tools (locked for update when `lock`)."""
+    names = sorted(set(tools))
+    if not names:
+        return {}
+    query = sa.select(breakers).where(breakers.c.tool.in_(names)).order_by(breakers.c.tool)
+    if lock:
+        query = query.with_for_update()
+    rows = (await conn.execute(query)).mappings()
+    return {
+        r["tool"]: Breaker(
+            tool=r["tool"],
+            state=BreakerState(r["state"]),
+            window_started_at=r["window_started_at"],
+            calls=r["calls"],
+            failures=r["failures"],
+            opened_at=r["opened_at"],
+        )
+        for r in rows
+    }
+
+
+async def save_breakers(conn: AsyncConnection, rows: Sequence[Breaker], *, now: datetime) -> None:
+    """Insert or overwrite breaker rows."""
+    if not rows:
+        return
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else _sqlite_insert
+    stmt = insert(breakers)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["tool"],
+        set_={
+            c: stmt.excluded[c]
+            for c in ("state", "window_started_at", "calls", "failures", "opened_at", "updated_at")
+        },
+    )
+    await conn.execute(
+        stmt,
+        [
+            {
+                "tool": b.tool,
+                "state": b.state.value,
+                "window_started_at": b.window_started_at,
+                "calls": b.calls,
+                "failures": b.failures,
+                "opened_at": b.opened_at,
+                "updated_at": now,
+            }
+            for b in rows
+        ],
+    )
 
 
 async def queue_depth(conn: AsyncConnection) -> int:
@@ -277,7 +333,10 @@ async def claim_ready(
     for the same last slot.
     """
     if not concurrency:
-        return await _lease(conn, _ready_ids(claim).scalar_subquery(), claim)
+        # Materialized: an IN (SELECT … LIMIT … SKIP LOCKED) subquery may be evaluated more than
+        # once by the planner and lease more rows than the limit.
+        ready = _ready_ids(claim).cte("picked").prefix_with("MATERIALIZED")
+        return await _lease(conn, steps.c.id == ready.c.id, claim)
     room = await _room(conn, concurrency)
     full = [tool for tool, left in room.items() if left <= 0]
     query = _ready_ids(claim).add_columns(steps.c.tool)
@@ -290,7 +349,7 @@ async def claim_ready(
                 continue
             room[tool] -= 1
         picked.append(step_key)
-    return await _lease(conn, picked, claim) if picked else []
+    return await _lease(conn, steps.c.id.in_(picked), claim) if picked else []
 
 
 async def _room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
@@ -311,10 +370,12 @@ async def _room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[s
     return {tool: concurrency[tool] - running.get(tool, 0) for tool in tools}
 
 
-async def _lease(conn: AsyncConnection, ids: Any, claim: ClaimInput) -> list[StepRow]:
+async def _lease(
+    conn: AsyncConnection, which: sa.ColumnElement[bool], claim: ClaimInput
+) -> list[StepRow]:
     stmt = (
         sa.update(steps)
-        .where(steps.c.id.in_(ids), steps.c.status.in_(sources(Transition.LEASE)))
+        .where(which, steps.c.status.in_(sources(Transition.LEASE)))
         .values(
             status=target(Transition.LEASE),
             lease_owner=claim.executor_id,
