@@ -80,6 +80,11 @@ async def list_tools(
     }
 
 
+@tools.get("/breakers", summary="Circuit breaker state of every tool that has one")
+async def tool_breakers(deps: Deps) -> dict[str, Any]:
+    return {"breakers": await deps.dispatch.breaker_states()}
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PlanInvalidError)
     async def invalid_plan(_: Request, exc: PlanInvalidError) -> Response:

@@ -158,6 +158,18 @@ events = sa.Table(
     sa.Index("ix_events_task_id_id", "task_id", "id"),
 )
 
+breakers = sa.Table(
+    "breakers",
+    metadata,
+    sa.Column("tool", sa.String(128), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("window_started_at", UtcDateTime(), nullable=False),
+    sa.Column("calls", sa.Integer(), nullable=False),
+    sa.Column("failures", sa.Integer(), nullable=False),
+    sa.Column("opened_at", UtcDateTime()),
+    _now_column("updated_at"),
+)
+
 idempotency_keys = sa.Table(
     "idempotency_keys",
     metadata,

@@ -6,13 +6,15 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
+from agent_reach_controller.flow import breakers
 from agent_reach_controller.state import store
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
@@ -86,12 +88,85 @@ class DispatchService:
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
 
-    def _concurrency(self, connectors: Sequence[str]) -> dict[str, int]:
-        """The concurrency caps of the tools these connectors run (the live catalogue's)."""
+    async def _caps(
+        self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
+    ) -> dict[str, int]:
+        """Steps of each limited tool allowed to run at once: its concurrency, its breaker's."""
+        tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
+        caps = {t.name: t.concurrency for t in tools if t.concurrency is not None}
+        guarded = {t.name: t.breaker for t in tools if t.breaker is not None}
+        states = await store.load_breakers(conn, guarded) if guarded else {}
+        for name, policy in guarded.items():
+            allowed = breakers.admission(states.get(name), policy, now)
+            if allowed is not None:
+                caps[name] = min(allowed, caps.get(name, allowed))
+        return caps
+
+    async def _start_probes(self, conn: AsyncConnection, tools: set[str], now: datetime) -> None:
+        """An open breaker whose tool just got a step leased is half-open: that step probes."""
+        guarded = [t for t in tools if (spec := self._registry.catalog.get(t)) and spec.breaker]
+        if not guarded:
+            return
+        states = await store.load_breakers(conn, guarded)
+        probing = [
+            replace(b, state=breakers.BreakerState.HALF_OPEN)
+            for b in states.values()
+            if b.state is breakers.BreakerState.OPEN
+        ]
+        await store.save_breakers(conn, probing, now=now)
+
+    async def _record_outcomes(
+        self, conn: AsyncConnection, changes: Sequence[StepChange], now: datetime
+    ) -> None:
+        """Feed accepted outcomes to their tools' breakers (retryable errors count as failures)."""
+        tally: dict[str, list[int]] = {}
+        for change in changes:
+            spec = self._registry.catalog.get(change.step.tool)
+            if spec is None or spec.breaker is None:
+                continue
+            counts = tally.setdefault(spec.name, [0, 0])
+            error = change.values.get("error") or {}
+            # A downstream in trouble: retries, ambiguous outcomes, retryable errors at the end.
+            failed = change.transition in (Transition.RETRY, Transition.MARK_UNKNOWN) or (
+                change.transition is Transition.FAIL and bool(error.get("retryable"))
+            )
+            counts[1 if failed else 0] += 1
+        if not tally:
+            return
+        states = await store.load_breakers(conn, tally, lock=True)
+        updated = []
+        for name, (ok_count, failed_count) in tally.items():
+            policy = self._registry.catalog[name].breaker
+            assert policy is not None
+            current = states.get(name) or breakers.closed(name, now)
+            after = breakers.record(
+                current, policy, successes=ok_count, failures=failed_count, now=now
+            )
+            if after != current:
+                updated.append(after)
+                if after.state is not current.state:
+                    log.warning(
+                        "circuit breaker of %s: %s -> %s",
+                        name,
+                        current.state,
+                        after.state,
+                        extra={"event": "breaker_changed", "tool": name},
+                    )
+        await store.save_breakers(conn, updated, now=now)
+
+    async def breaker_states(self) -> dict[str, dict[str, Any]]:
+        """Every guarded tool's breaker, for operators (closed when it has no row yet)."""
+        guarded = [t.name for t in self._registry.catalog.values() if t.breaker is not None]
+        async with self._db.transaction() as conn:
+            states = await store.load_breakers(conn, guarded)
         return {
-            tool.name: tool.concurrency
-            for tool in self._registry.catalog.values()
-            if tool.concurrency is not None and tool.connector in connectors
+            name: {
+                "state": states[name].state.value if name in states else "closed",
+                "calls": states[name].calls if name in states else 0,
+                "failures": states[name].failures if name in states else 0,
+                "opened_at": states[name].opened_at if name in states else None,
+            }
+            for name in guarded
         }
 
     def _decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
@@ -132,11 +207,12 @@ class DispatchService:
                     now=now,
                     lease_expires_at=now + self.timings.lease,
                 ),
-                concurrency=self._concurrency(connectors),
+                concurrency=await self._caps(conn, connectors, now),
             )
             if not claimed:
                 return [], await store.next_due(conn, connectors)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+            await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
         return claimed, None
 
@@ -238,6 +314,9 @@ class DispatchService:
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
+        await self._record_outcomes(
+            conn, [c for _, c, _ in decided if c is not None and c.step.id in moved], now
+        )
         requeued = {
             c.values.get("connector", c.step.connector)
             for _, c, _ in decided

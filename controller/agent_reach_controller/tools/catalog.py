@@ -67,6 +67,18 @@ class RetryPolicy(BaseModel):
         return self
 
 
+class BreakerPolicy(BaseModel):
+    """When to stop calling a failing downstream, and how to try it again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    failure_rate: float = Field(default=0.5, gt=0, le=1, allow_inf_nan=False)
+    minimum_calls: int = Field(default=10, ge=1)
+    window: Seconds = 60.0
+    cooldown: Seconds = 30.0
+    probes: int = Field(default=1, ge=1)
+
+
 def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
     """Seconds to wait before attempt `attempt + 1` after attempt `attempt` (1-based) failed.
 
@@ -120,6 +132,8 @@ class ToolSpec(BaseModel):
     fallback: str | None = None
     # The most steps of this tool running at once, across every controller and executor.
     concurrency: int | None = Field(None, ge=1)
+    # A circuit breaker shared by every replica; None: no breaker.
+    breaker: BreakerPolicy | None = None
     enabled: bool = True
 
     @field_validator("input_schema")

@@ -1,0 +1,1 @@
+"""Flow control at dispatch: circuit breakers (concurrency caps live in the claim itself)."""

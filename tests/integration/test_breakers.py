@@ -1,0 +1,57 @@
+"""A breaker shared by replicas stops dispatch to a failing tool, probes it, and closes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.state.tasks import SubmitInput
+from tests.integration.stack import TOOLS, components_for, failed, ok, write_tools
+
+FLAKY = {
+    "name": "flaky.call",
+    "description": "A downstream that falls over.",
+    "connector": "echo",
+    "retry": {"maximum_attempts": 1},
+    "idempotent": True,
+    "breaker": {
+        "failure_rate": 0.5,
+        "minimum_calls": 2,
+        "window": "60s",
+        "cooldown": "300ms",
+        "probes": 1,
+    },
+}
+
+
+def plan(n: int) -> dict:
+    steps = [{"step_id": f"f{i}", "tool": "flaky.call", "args": {}} for i in range(n)]
+    return {"steps": [*steps, {"step_id": "other", "tool": "echo.say", "args": {}}]}
+
+
+async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path: Path) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, FLAKY])
+    async with components_for(database_url, tools) as c:
+        body = plan(6)
+        await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=2)
+        flaky = [s for s in first if s.tool == "flaky.call"]
+        assert len(flaky) == 2
+        await c.dispatch.report(
+            executor_id="x",
+            results=[failed(s, "downstream_unavailable", retryable=True) for s in flaky],
+        )
+        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "open"
+        # Open: the other tool still runs, the flaky one waits (deferred, not failed).
+        during = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert [s.tool for s in during] == ["echo.say"]
+        await asyncio.sleep(0.35)  # the cooldown itself is what is under test
+        [probe] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert probe.tool == "flaky.call"
+        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "half_open"
+        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        await c.dispatch.report(executor_id="x", results=[ok(probe, {})])
+        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "closed"
+        rest = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert len([s for s in rest if s.tool == "flaky.call"]) == 6 - 2 - 1
