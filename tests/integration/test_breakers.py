@@ -55,3 +55,19 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
         assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "closed"
         rest = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
         assert len([s for s in rest if s.tool == "flaky.call"]) == 6 - 2 - 1
+
+
+async def test_breakers_are_visible_through_the_api(sqlite_url: str, tmp_path: Path) -> None:
+    import httpx
+
+    from agent_reach_controller.api.app import create_app
+
+    async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, FLAKY])) as c:
+        transport = httpx.ASGITransport(app=create_app(c))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            shown = (await client.get("/v1/tools/breakers")).json()
+    assert shown == {
+        "breakers": {
+            "flaky.call": {"state": "closed", "calls": 0, "failures": 0, "opened_at": None}
+        }
+    }
