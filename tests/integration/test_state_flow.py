@@ -355,3 +355,30 @@ async def test_a_failed_step_tries_its_tools_fallback(database_url: str, tmp_pat
         assert step.receipt["meta"]["fallback_for"] == "quote.primary"
         switched = [e.data for e in await c.tasks.events(view.task.task_id) if e.kind == "retry"]
         assert switched[0]["fallback"]["from"] == "quote.primary"
+
+
+async def test_a_step_waits_for_every_dependency_and_reads_each_output(
+    database_url: str, tmp_path: Path
+) -> None:
+    body = {
+        "steps": [
+            {"step_id": "a", "tool": "echo.say", "args": {}},
+            {"step_id": "b", "tool": "echo.say", "args": {}},
+            {
+                "step_id": "c",
+                "tool": "echo.say",
+                "depends_on": ["a", "b"],
+                "args": {"text": "$a.output.word", "n": "$b.output.n"},
+            },
+        ]
+    }
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        view, _ = await submit(c, body)
+        a, b = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        await c.dispatch.report(executor_id="x", results=[ok(a, {"word": "hi"})])
+        assert (await c.tasks.get(view.task.task_id)).steps[2].status is StepStatus.BLOCKED
+        await c.dispatch.report(executor_id="x", results=[ok(b, {"n": 3})])
+        [third] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        assert third.resolved_args == {"text": "hi", "n": 3}
+        await c.dispatch.report(executor_id="x", results=[ok(third, {})])
+        assert (await c.tasks.get(view.task.task_id)).task.status is TaskStatus.SUCCEEDED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -86,6 +87,50 @@ async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[Ste
         sa.select(steps).where(steps.c.task_id.in_(ids)).order_by(steps.c.task_id, steps.c.position)
     )
     return [StepRow.from_mapping(r) for r in rows.mappings()]
+
+
+async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
+    """The blocked steps of these tasks and every step they depend on."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return []
+    rows = await conn.execute(
+        sa.select(steps)
+        .where(steps.c.task_id.in_(ids), steps.c.status == StepStatus.BLOCKED)
+        .order_by(steps.c.task_id, steps.c.position)
+    )
+    blocked = [StepRow.from_mapping(r) for r in rows.mappings()]
+    if not blocked:
+        return []
+    have = {(s.task_id, s.step_id) for s in blocked}
+    needed = {(s.task_id, d) for s in blocked for d in s.depends_on} - have
+    if not needed:
+        return blocked
+    rows = await conn.execute(
+        sa.select(steps).where(sa.tuple_(steps.c.task_id, steps.c.step_id).in_(sorted(needed)))
+    )
+    return sorted(
+        [*blocked, *(StepRow.from_mapping(r) for r in rows.mappings())],
+        key=lambda s: (s.task_id, s.position),
+    )
+
+
+async def status_counts(
+    conn: AsyncConnection, task_ids: Iterable[str]
+) -> dict[str, Counter[StepStatus]]:
+    """How many steps of each task are in each state."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(steps.c.task_id, steps.c.status, sa.func.count())
+        .where(steps.c.task_id.in_(ids))
+        .group_by(steps.c.task_id, steps.c.status)
+    )
+    counts: dict[str, Counter[StepStatus]] = {}
+    for task_id, status, count in rows.all():
+        counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
+    return counts
 
 
 async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[int, StepRow]:

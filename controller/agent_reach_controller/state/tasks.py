@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -195,10 +195,16 @@ class TaskService:
         if not locked:
             await store.lock_tasks(conn, ids)
         tasks = await store.load_tasks(conn, ids)
+        budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
+        # Only blocked steps can move, and only their dependencies' outputs matter; a task's
+        # other steps count only through their statuses. (A budget needs every step's attempts.)
+        rows = await store.load_steps(conn, budgeted) if budgeted else []
+        rows += await store.load_advanceable_steps(conn, [t for t in ids if t not in budgeted])
         by_task: dict[str, list[StepRow]] = defaultdict(list)
-        for step in await store.load_steps(conn, ids):
+        for step in rows:
             by_task[step.task_id].append(step)
-        return await self._advance_loaded(conn, tasks, by_task, now=now)
+        counts = await store.status_counts(conn, ids)
+        return await self._advance_loaded(conn, tasks, by_task, now=now, counts=counts)
 
     async def _advance_loaded(
         self,
@@ -207,7 +213,13 @@ class TaskService:
         by_task: dict[str, list[StepRow]],
         *,
         now: datetime,
+        counts: dict[str, Counter[StepStatus]] | None = None,
     ) -> Advanced:
+        """Apply what `decide_unblocks` allows and settle each task's status.
+
+        `by_task` must hold every blocked step and the steps they depend on; `counts` gives the
+        tasks' step statuses when `by_task` does not hold every step.
+        """
         ids = sorted(tasks)
         await self._registry.ensure((s.tool, s.tool_version) for s in by_task_steps(by_task))
         result = Advanced(ready_connectors=set(), finished_tasks=set(), task_status={})
@@ -229,9 +241,18 @@ class TaskService:
             c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
         )
         for task_id in ids:
-            if task_id in tasks:
+            if task_id not in tasks:
+                continue
+            if counts is None:
                 statuses = [after.get(s.id, s.status) for s in by_task[task_id]]
-                await self._settle(conn, tasks[task_id], statuses, now=now, result=result)
+            else:
+                tally = Counter(counts.get(task_id, {}))
+                for c in changes:
+                    if c.step.task_id == task_id and c.step.id in after:
+                        tally[c.step.status] -= 1
+                        tally[after[c.step.id]] += 1
+                statuses = list(tally.elements())
+            await self._settle(conn, tasks[task_id], statuses, now=now, result=result)
         return result
 
     async def _settle(
