@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from agent_reach.errors import ErrorCode
-from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition
+from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
@@ -47,15 +47,9 @@ def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
                 continue
             change = _decide_one(step, by_id=by_id, status=status, data=data)
             changes.append(change)
-            status[step.step_id] = _target_of(change)
+            status[step.step_id] = target(change.transition)
             progressed = True
     return changes
-
-
-def _target_of(change: StepChange) -> StepStatus:
-    from agent_reach.states import target
-
-    return target(change.transition)
 
 
 def _decide_one(

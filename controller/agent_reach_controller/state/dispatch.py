@@ -268,10 +268,17 @@ class DispatchService:
             task_ids = await store.lock_tasks_of_steps(conn, keys)
             current = await store.load_steps_by_key(conn, keys)
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            # Read once under the lock: step changes never touch task rows.
+            tasks = await store.load_tasks(conn, task_ids)
             acks, requeued = await self._apply(
-                conn, current, results, now=now, executor_id=executor_id
+                conn,
+                current,
+                results,
+                now=now,
+                executor_id=executor_id,
+                budgets=await self._tasks.budgets(conn, tasks),
             )
-            advanced = await self._tasks.advance(conn, task_ids, now=now, locked=True)
+            advanced = await self._tasks.advance(conn, task_ids, now=now, tasks=tasks)
             wake = await self._notifier.publish(
                 conn,
                 connectors=advanced.ready_connectors | requeued,
@@ -288,6 +295,7 @@ class DispatchService:
         *,
         now: datetime,
         executor_id: str,
+        budgets: dict[str, Budget],
     ) -> tuple[list[Ack], set[str]]:
         """Decide every result, apply the batch in one compare-and-set, ack each in order.
 
@@ -295,7 +303,6 @@ class DispatchService:
         """
         decided: list[tuple[AttemptResult, StepChange | None, str]] = []
         seen: set[int] = set()
-        budgets = await self._tasks.budgets(conn, {s.task_id for s in current.values()})
         for result in results:
             step = current.get(result.step_key)
             if result.step_key in seen:
@@ -389,10 +396,12 @@ class DispatchService:
         if not expired:
             return 0
         async with self._db.transaction() as conn:
-            await store.lock_tasks(conn, {s.task_id for s in expired})
+            task_ids = {s.task_id for s in expired}
+            await store.lock_tasks(conn, task_ids)
             current = await store.load_steps_by_key(conn, (s.id for s in expired))
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
-            budgets = await self._tasks.budgets(conn, {s.task_id for s in current.values()})
+            tasks = await store.load_tasks(conn, task_ids)
+            budgets = await self._tasks.budgets(conn, tasks)
             changes = [
                 decide_lease_expiry(
                     step,
@@ -412,9 +421,7 @@ class DispatchService:
             connectors = {
                 c.values.get("connector", c.step.connector) for c in changes if c.step.id in moved
             }
-            advanced = await self._tasks.advance(
-                conn, {s.task_id for s in current.values()}, now=now, locked=True
-            )
+            advanced = await self._tasks.advance(conn, task_ids, now=now, tasks=tasks)
             wake = await self._notifier.publish(
                 conn,
                 connectors=connectors | advanced.ready_connectors,

@@ -37,7 +37,7 @@ class ToolRegistry:
             for tool in self.catalog.values()
         ]
         async with self._db.transaction() as conn:
-            await store.save_tool_versions(conn, dialect=self._db.dialect, rows=rows)
+            await store.save_tool_versions(conn, rows)
 
     async def ensure(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Load any of these versions not yet cached (before a synchronous `get`)."""

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, Transition, apply, sources, target
@@ -169,8 +169,7 @@ async def save_breakers(conn: AsyncConnection, rows: Sequence[Breaker], *, now: 
     """Insert or overwrite breaker rows."""
     if not rows:
         return
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else _sqlite_insert
-    stmt = insert(breakers)
+    stmt = _insert(conn, breakers)
     stmt = stmt.on_conflict_do_update(
         index_elements=["tool"],
         set_={
@@ -648,17 +647,14 @@ async def load_events(
 # --- idempotency and tools ------------------------------------------------------------------
 
 
-async def claim_idempotency_key(
-    conn: AsyncConnection, *, dialect: str, row: dict[str, Any]
-) -> tuple[str, str]:
+async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> tuple[str, str]:
     """Record (principal, key) → task; returns the (request_hash, task_id) stored for the key.
 
     A concurrent submit with the same key waits on the unique index and then sees the first
     one's record, so exactly one task is created per key.
     """
-    insert = postgresql.insert if dialect == "postgresql" else _sqlite_insert
     await conn.execute(
-        insert(idempotency_keys)
+        _insert(conn, idempotency_keys)
         .values(**row)
         .on_conflict_do_nothing(index_elements=["principal", "key"])
     )
@@ -673,21 +669,19 @@ async def claim_idempotency_key(
     return stored[0], stored[1]
 
 
-def _sqlite_insert(table: sa.Table) -> Any:
-    from sqlalchemy.dialects import sqlite
-
+def _insert(conn: AsyncConnection, table: sa.Table) -> Any:
+    """INSERT with ON CONFLICT support in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
     return sqlite.insert(table)
 
 
-async def save_tool_versions(
-    conn: AsyncConnection, *, dialect: str, rows: Sequence[dict[str, Any]]
-) -> None:
+async def save_tool_versions(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
     """Store tool definitions by (name, version); existing versions are immutable."""
     if not rows:
         return
-    insert = postgresql.insert if dialect == "postgresql" else _sqlite_insert
     await conn.execute(
-        insert(tools).on_conflict_do_nothing(index_elements=["name", "version"]), list(rows)
+        _insert(conn, tools).on_conflict_do_nothing(index_elements=["name", "version"]), list(rows)
     )
 
 

@@ -127,8 +127,7 @@ class TaskService:
             if data.idempotency_key is not None:
                 stored_hash, stored_task = await store.claim_idempotency_key(
                     conn,
-                    dialect=self._db.dialect,
-                    row={
+                    {
                         "principal": data.principal,
                         "key": data.idempotency_key,
                         "request_hash": request_hash(data.request),
@@ -185,16 +184,24 @@ class TaskService:
         )
 
     async def advance(
-        self, conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime, locked: bool = False
+        self,
+        conn: AsyncConnection,
+        task_ids: Iterable[str],
+        *,
+        now: datetime,
+        locked: bool = False,
+        tasks: dict[str, TaskRow] | None = None,
     ) -> Advanced:
         """Unblock, skip or fail what the current step states allow; settle task statuses.
 
-        Takes the tasks' row locks first unless the caller holds them (`locked`).
+        Takes the tasks' row locks first unless the caller holds them (`locked`, or `tasks`
+        given: rows the caller read under those locks).
         """
         ids = sorted(set(task_ids))
-        if not locked:
-            await store.lock_tasks(conn, ids)
-        tasks = await store.load_tasks(conn, ids)
+        if tasks is None:
+            if not locked:
+                await store.lock_tasks(conn, ids)
+            tasks = await store.load_tasks(conn, ids)
         budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
         # Only blocked steps can move, and only their dependencies' outputs matter; a task's
         # other steps count only through their statuses. (A budget needs every step's attempts.)
@@ -221,7 +228,9 @@ class TaskService:
         tasks' step statuses when `by_task` does not hold every step.
         """
         ids = sorted(tasks)
-        await self._registry.ensure((s.tool, s.tool_version) for s in by_task_steps(by_task))
+        await self._registry.ensure(
+            (s.tool, s.tool_version) for s in (s for steps in by_task.values() for s in steps)
+        )
         result = Advanced(ready_connectors=set(), finished_tasks=set(), task_status={})
         changes: list[StepChange] = []
         for task_id in ids:
@@ -398,9 +407,8 @@ class TaskService:
                 # The cap is a safety net for a missed wake-up, not the normal path.
                 await self._notifier.wait(keys, since, within=min(remaining, 1.0))
 
-    async def budgets(self, conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, Budget]:
+    async def budgets(self, conn: AsyncConnection, tasks: dict[str, TaskRow]) -> dict[str, Budget]:
         """What is left of each task's attempt budget (tasks without one are left out)."""
-        tasks = await store.load_tasks(conn, task_ids)
         limited = [t for t in tasks.values() if t.max_attempts is not None]
         if not limited:
             return {}
@@ -414,11 +422,6 @@ class TaskService:
         if task is None:
             raise TaskNotFoundError(task_id)
         return TaskView(task=task, steps=await store.load_steps(conn, [task_id]))
-
-
-def by_task_steps(by_task: dict[str, list[StepRow]]) -> Iterable[StepRow]:
-    for steps in by_task.values():
-        yield from steps
 
 
 def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) -> dict[str, Any]:
