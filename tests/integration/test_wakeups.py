@@ -31,7 +31,10 @@ async def poll_then_submit(poller: Components, submitter: Components) -> list[An
     polling = asyncio.create_task(
         poller.dispatch.poll(executor_id="p", connectors=["echo"], limit=1, wait=20)
     )
-    await asyncio.sleep(0.2)  # let the poll find nothing and start waiting
+    # The poll found nothing and now waits; only a wake-up can end it before 20 s.
+    async with asyncio.timeout(10):
+        while poller.notifier.waiting == 0:  # noqa: ASYNC110 (a counter, polled to a deadline)
+            await asyncio.sleep(0.005)
     assert not polling.done()
     plan = parse_plan(BODY, submitter.catalog)
     await submitter.tasks.submit(SubmitInput(plan=plan, request=BODY))

@@ -55,6 +55,8 @@ class Notifier:
         # Bumped when anything may have been missed (a listener reconnected): wakes everyone.
         self._epoch = 0
         self.instance = os.urandom(6).hex()
+        # How many callers are waiting right now (pollers, ?wait requests).
+        self.waiting = 0
 
     def snapshot(self, keys: Iterable[str]) -> tuple[int, ...]:
         """The counters of `keys` now; pass it to `wait` to sleep until one of them moves."""
@@ -66,10 +68,14 @@ class Notifier:
         if within <= 0:
             return
         async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.snapshot(wanted) != since), within
-                )
+            self.waiting += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: self.snapshot(wanted) != since), within
+                    )
+            finally:
+                self.waiting -= 1
 
     @contextlib.contextmanager
     def watching(self, keys: Iterable[str]) -> Iterator[None]:
