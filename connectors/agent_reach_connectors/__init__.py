@@ -3,9 +3,17 @@
 from agent_reach_connectors.base import (
     Connector,
     ConnectorError,
+    Throttled,
     ToolCall,
     load_connectors,
     resolve_secrets,
 )
 
-__all__ = ["Connector", "ConnectorError", "ToolCall", "load_connectors", "resolve_secrets"]
+__all__ = [
+    "Connector",
+    "ConnectorError",
+    "Throttled",
+    "ToolCall",
+    "load_connectors",
+    "resolve_secrets",
+]

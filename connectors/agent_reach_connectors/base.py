@@ -48,7 +48,9 @@ class ConnectorError(Exception):
     may read (never a secret, never a stack trace). `retryable` defaults to the code's class.
     `retry_after` is the delay the downstream asked for, in seconds. `maybe_applied` says the
     request may have reached the downstream before the failure (a timeout after sending, a reset
-    after the body was written), which matters for tools that cannot deduplicate.
+    after the body was written), which matters for tools that cannot deduplicate. `throttle` is
+    how long the downstream asked every caller to hold back (its quota is spent): the controller
+    then pauses the whole tool, not just this step.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class ConnectorError(Exception):
         retryable: bool | None = None,
         retry_after: float | None = None,
         maybe_applied: bool = False,
+        throttle: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = str(code)
@@ -66,6 +69,19 @@ class ConnectorError(Exception):
         self.retryable = kind_of(self.code).retryable if retryable is None else retryable
         self.retry_after = retry_after
         self.maybe_applied = maybe_applied
+        self.throttle = throttle
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """A successful output, and the downstream's word that its quota is spent for `seconds`.
+
+    Return it from `invoke` instead of the bare output when, say, `X-RateLimit-Remaining: 0`
+    came with the answer: the controller then holds every step of the tool back that long.
+    """
+
+    output: Any
+    seconds: float
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from __future__ import annotations
 import email.utils
 import itertools
 import json
+import math
 import os
 import re
 import time
@@ -28,7 +29,13 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from agent_reach.errors import ErrorCode
-from agent_reach_connectors.base import _SECRET_REF, ConnectorError, ToolCall, resolve_secrets
+from agent_reach_connectors.base import (
+    _SECRET_REF,
+    ConnectorError,
+    Throttled,
+    ToolCall,
+    resolve_secrets,
+)
 
 MAX_TEXT = 64 * 1024
 # The most of an answer's body the connector reads (after decompression); a larger answer is a
@@ -57,6 +64,38 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if when is None or when.tzinfo is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+# Unix times are this large; smaller reset values are seconds from now (both are in use).
+_EPOCH_MIN = 1_000_000_000
+_FIELD = {"r": "r", "remaining": "r", "t": "t", "reset": "t"}
+_STRUCTURED = re.compile(r"(?:^|[;,\s])(r|t|remaining|reset)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def quota_reset(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds until the downstream's quota refills, when it says the quota is spent now.
+
+    Reads `X-RateLimit-Remaining`/`X-RateLimit-Reset` (GitHub, Twitter and many others),
+    `RateLimit-Remaining`/`RateLimit-Reset` and the IETF draft's `RateLimit: ...;r=0;t=30`.
+    A reset is seconds from now, or a Unix time when it is that large. None when the quota is
+    not spent or the answer does not say when it refills.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    remaining = lowered.get("x-ratelimit-remaining", lowered.get("ratelimit-remaining"))
+    reset = lowered.get("x-ratelimit-reset", lowered.get("ratelimit-reset"))
+    if "ratelimit" in lowered:
+        fields = {_FIELD[k.lower()]: v for k, v in _STRUCTURED.findall(lowered["ratelimit"])}
+        remaining, reset = fields.get("r", remaining), fields.get("t", reset)
+    try:
+        spent = remaining is not None and float(remaining.strip()) <= 0
+        seconds = float(reset.strip()) if reset is not None and spent else None
+    except ValueError:
+        return None
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return None
+    if seconds >= _EPOCH_MIN:
+        seconds = max(0.0, seconds - (time.time() if now is None else now))
+    return seconds or None
 
 
 def _user_agent() -> str:
@@ -146,14 +185,26 @@ def _safe_url(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
 
 
-def _status_error(tool: str, status: int, retry_after: float | None) -> ConnectorError:
+def _status_error(
+    tool: str, status: int, retry_after: float | None, spent: float | None = None
+) -> ConnectorError:
+    """The error for a non-success status; `spent` is how long the quota stays spent."""
+    if status == 429:
+        # Too many requests: everyone calling this tool should wait, not just this step.
+        wait = retry_after if retry_after is not None else spent
+        said = f"{tool}: downstream answered 429 Too Many Requests"
+        return ConnectorError(ErrorCode.RATE_LIMITED, said, retry_after=wait, throttle=wait)
+    error = _plain_status_error(tool, status, retry_after)
+    error.throttle = spent
+    return error
+
+
+def _plain_status_error(tool: str, status: int, retry_after: float | None) -> ConnectorError:
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         phrase = ""
     said = f"{tool}: downstream answered {status} {phrase}".rstrip()
-    if status == 429:
-        return ConnectorError(ErrorCode.RATE_LIMITED, said, retry_after=retry_after)
     if status >= 500 and status not in _PERMANENT_5XX:
         return ConnectorError(ErrorCode.DOWNSTREAM_UNAVAILABLE, said, retry_after=retry_after)
     if status == 408:
@@ -354,11 +405,15 @@ class HttpConnector:
             if not (response.is_success if success is None else response.status_code in success):
                 # The status says it all: an error page is never read (nor its size trusted).
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                raise _status_error(call.tool, response.status_code, retry_after)
+                raise _status_error(
+                    call.tool, response.status_code, retry_after, quota_reset(response.headers)
+                )
             try:
                 body = await _read_body(response, tool=call.tool, where=where, limit=self._max_body)
             except httpx.HTTPError as exc:
                 raise _transport_error(call.tool, where, exc) from None
-            return _output(response, body)
+            spent = quota_reset(response.headers)
+            output = _output(response, body)
+            return output if spent is None else Throttled(output, spent)
         finally:
             await response.aclose()

@@ -15,6 +15,12 @@ from agent_reach_controller.db import migrate
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.state.dispatch import DispatchService, LeaseTimings
+from agent_reach_controller.state.limiter import (
+    MemoryLimiter,
+    RateLimiter,
+    RedisLimiter,
+    SqlLimiter,
+)
 from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.tasks import TaskService
@@ -35,8 +41,10 @@ class Components:
     notifier: Notifier
     tasks: TaskService
     dispatch: DispatchService
+    limiter: RateLimiter
 
     async def close(self) -> None:
+        await self.limiter.close()
         await self.notifier.close()
         await self.db.close()
 
@@ -55,6 +63,13 @@ def _notifier(settings: ControllerSettings, db: Database) -> Notifier:
     return Notifier()
 
 
+def _limiter(settings: ControllerSettings, db: Database) -> RateLimiter:
+    """Redis (Postgres behind it) when configured, else Postgres, else this process."""
+    if settings.redis_url is not None:
+        return RedisLimiter(settings.redis_url.get_secret_value(), prefix=REDIS_PREFIX)
+    return SqlLimiter() if db.is_postgres else MemoryLimiter()
+
+
 async def open_components(settings: ControllerSettings) -> Components:
     """Connect storage, load tools, and build the use cases."""
     url = settings.database_url.get_secret_value()
@@ -67,6 +82,7 @@ async def open_components(settings: ControllerSettings) -> Components:
     notifier = _notifier(settings, db)
     await notifier.start()
     tasks = TaskService(db=db, registry=registry, notifier=notifier)
+    limiter = _limiter(settings, db)
     dispatch = DispatchService(
         db=db,
         registry=registry,
@@ -76,6 +92,7 @@ async def open_components(settings: ControllerSettings) -> Components:
             lease=timedelta(seconds=settings.lease_seconds),
             max_poll_wait=settings.max_poll_wait_seconds,
         ),
+        limiter=limiter,
     )
     return Components(
         settings=settings,
@@ -85,6 +102,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         notifier=notifier,
         tasks=tasks,
         dispatch=dispatch,
+        limiter=limiter,
     )
 
 

@@ -104,6 +104,8 @@ class StepResult:
     failure: StepFailure | None = None
     started_at_ms: int
     finished_at_ms: int
+    # Seconds the downstream asked every caller of this tool to hold back; 0 when none.
+    throttle_s: float = 0.0
 
     @property
     def succeeded(self) -> bool:
@@ -198,6 +200,7 @@ def result_to_proto(result: StepResult) -> pb.StepResult:
         lease=lease_to_proto(result.lease),
         started_at_ms=result.started_at_ms,
         finished_at_ms=result.finished_at_ms,
+        throttle_s=result.throttle_s,
     )
     if result.failure is None:
         msg.outcome = pb.OUTCOME_SUCCEEDED

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent_reach.errors import ErrorCode
-from agent_reach_connectors.base import Connector, ConnectorError, ToolCall
+from agent_reach_connectors.base import Connector, ConnectorError, Throttled, ToolCall
 from agent_reach_executor.client import Assignment, StepFailure, StepResult
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,19 @@ class StepRunner:
             assignment.lease.attempt,
             extra=assignment.log_extra("step_started"),
         )
+        throttle: Any = 0.0
         try:
-            output, failure = await self._invoke(assignment), None
+            output, throttle = await self._invoke(assignment)
+            failure = None
         except ConnectorError as exc:
-            output, failure = b"", _from_connector_error(exc)
+            output, failure, throttle = b"", _from_connector_error(exc), exc.throttle
         result = StepResult(
             lease=assignment.lease,
             output_json=output,
             failure=failure,
             started_at_ms=started,
             finished_at_ms=self._clock(),
+            throttle_s=_seconds(throttle),
         )
         log.debug(
             "step %s/%s finished: %s in %d ms",
@@ -87,8 +90,8 @@ class StepRunner:
         )
         return result
 
-    async def _invoke(self, assignment: Assignment) -> bytes:
-        """The output as JSON, or ConnectorError: every failure is classified here."""
+    async def _invoke(self, assignment: Assignment) -> tuple[bytes, Any]:
+        """The output as JSON and any throttle, or ConnectorError: every failure is classified."""
         connector = self._connectors.get(assignment.connector)
         if connector is None:
             raise ConnectorError(
@@ -102,7 +105,9 @@ class StepRunner:
             raise
         except Exception as exc:
             raise _crashed(assignment, exc) from None
-        return _encode_output(call.tool, output)
+        if isinstance(output, Throttled):
+            return _encode_output(call.tool, output.output), output.seconds
+        return _encode_output(call.tool, output), 0.0
 
     async def _call_within_deadline(
         self, connector: Connector, call: ToolCall, assignment: Assignment
@@ -256,14 +261,20 @@ def _clean_text(value: Any) -> str:
     return text.replace("\x00", "\ufffd")
 
 
+def _seconds(value: Any) -> float:
+    """A connector's delay as the wire carries it: odd values (None, NaN, < 0, text) are 0."""
+    try:
+        seconds = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    if math.isnan(seconds) or seconds < 0:  # +inf is fine: the controller caps it
+        return 0.0
+    return seconds
+
+
 def _from_connector_error(exc: ConnectorError) -> StepFailure:
     """The failure as the wire carries it; a connector's odd field values cannot break a report."""
-    try:
-        retry_after = float(exc.retry_after or 0.0)
-    except (TypeError, ValueError):
-        retry_after = 0.0
-    if math.isnan(retry_after) or retry_after < 0:  # +inf is fine: the controller caps it
-        retry_after = 0.0
+    retry_after = _seconds(exc.retry_after)
     return StepFailure(
         code=_clean_text(exc.code) or str(ErrorCode.CONNECTOR_ERROR),
         message=_clean_text(exc.message),

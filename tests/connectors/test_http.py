@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agent_reach_connectors import ConnectorError, ToolCall
-from agent_reach_connectors.http import MAX_TEXT, HttpConnector, parse_retry_after
+from agent_reach_connectors import ConnectorError, Throttled, ToolCall
+from agent_reach_connectors.http import MAX_TEXT, HttpConnector, parse_retry_after, quota_reset
 from tests.support.sink import Response, Sink
 
 CANARY = "canary-7b1e5d"
@@ -530,3 +530,51 @@ async def test_dots_inside_an_argument_are_fine(http, sink) -> None:
     )
     [req] = sink.requests()
     assert req.path == "/files/a..b/..."
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}, 30.0),
+        ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1000000060"}, 60.0),
+        ({"RateLimit-Remaining": "0", "RateLimit-Reset": "4"}, 4.0),
+        ({"RateLimit": "limit=100, remaining=0, reset=7"}, 7.0),
+        ({"RateLimit": '"default";r=0;t=9'}, 9.0),
+        ({"X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "30"}, None),
+        ({"X-RateLimit-Remaining": "0"}, None),
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "soon"}, None),
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "nan"}, None),
+        ({}, None),
+    ],
+)
+def test_a_spent_quota_is_read_from_the_usual_headers(
+    headers: dict[str, str], expected: float | None
+) -> None:
+    assert quota_reset(headers, now=1_000_000_000.0) == expected
+
+
+async def test_a_spent_quota_comes_back_with_the_output_and_a_429_throttles_the_tool(
+    http: HttpConnector, sink: Sink
+) -> None:
+    spent = (("X-RateLimit-Remaining", "0"), ("X-RateLimit-Reset", "12"))
+    sink.script(
+        "/q",
+        [
+            Response(json={"ok": 1}, headers=spent),
+            Response(status=429, retry_after=3),
+            Response(status=429, headers=spent),
+            Response(status=503, headers=spent),
+            Response(json={"ok": 2}),
+        ],
+    )
+    config = {"url": f"{sink.url}/q", "method": "GET"}
+    throttled = await http.invoke(call(config))
+    assert isinstance(throttled, Throttled)
+    assert (throttled.output, throttled.seconds) == ({"ok": 1}, 12.0)
+    told = await failure(http, call(config))
+    assert (told.code, told.retry_after, told.throttle) == ("rate_limited", 3.0, 3.0)
+    from_headers = await failure(http, call(config))
+    assert (from_headers.retry_after, from_headers.throttle) == (12.0, 12.0)
+    unavailable = await failure(http, call(config))
+    assert (unavailable.code, unavailable.throttle) == ("downstream_unavailable", 12.0)
+    assert await http.invoke(call(config)) == {"ok": 2}

@@ -114,6 +114,8 @@ steps = sa.Table(
     sa.Column("retry", Json),
     # The tool the step started with, once it has switched to that tool's fallback.
     sa.Column("fallback_from", sa.String(128)),
+    # Digest of the tool's rate-limit key value for this step's arguments; NULL: the tool's bucket.
+    sa.Column("rate_key", sa.String(32)),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
@@ -167,6 +169,25 @@ breakers = sa.Table(
     sa.Column("calls", sa.Integer(), nullable=False),
     sa.Column("failures", sa.Integer(), nullable=False),
     sa.Column("opened_at", UtcDateTime()),
+    _now_column("updated_at"),
+)
+
+# GCRA buckets when Redis is not in use or not reachable: the theoretical arrival time of each
+# bucket, in Unix seconds. Only the claim transaction reads and writes them, under row locks.
+rate_buckets = sa.Table(
+    "rate_buckets",
+    metadata,
+    sa.Column("bucket", sa.String(200), primary_key=True),
+    sa.Column("tat", sa.Float(), nullable=False),
+)
+
+# A whole tool held back because its downstream said so (429 Retry-After, X-RateLimit-Reset).
+tool_pauses = sa.Table(
+    "tool_pauses",
+    metadata,
+    sa.Column("tool", sa.String(128), primary_key=True),
+    sa.Column("until", UtcDateTime(), nullable=False),
+    sa.Column("reason", sa.String(200), nullable=False),
     _now_column("updated_at"),
 )
 

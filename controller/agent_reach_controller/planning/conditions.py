@@ -93,3 +93,22 @@ def evaluate(
             f"{compiled.source!r} evaluated to {type(result).__name__}, not bool: {result!r:.80}"
         )
     return result
+
+
+def evaluate_key(source: str, args: Mapping[str, Any]) -> Any:
+    """A rate-limit key expression's value over a step's resolved arguments (`args.customer_id`).
+
+    Raises ConditionError when it cannot be evaluated (a missing key, a type error).
+    """
+    try:
+        return _compiled(source).execute({"args": dict(args)})
+    except KeyError as exc:
+        raise ConditionError(f"{source!r}: no such key: {exc.args[0]!r}") from None
+    except Exception as exc:  # the engine's TypeError, RuntimeError, ValueError
+        message = str(exc).replace("\n", " ").strip()
+        raise ConditionError(f"{source!r}: {message}") from None
+
+
+@lru_cache(maxsize=1024)
+def _compiled(source: str) -> Any:
+    return cel.compile(source)

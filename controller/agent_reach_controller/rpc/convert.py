@@ -91,7 +91,12 @@ def result_from_proto(message: pb.StepResult) -> AttemptResult:
                 finished_at=finished,
             )
         return AttemptResult(
-            step_key=key, attempt=attempt, output=output, started_at=started, finished_at=finished
+            step_key=key,
+            attempt=attempt,
+            output=output,
+            started_at=started,
+            finished_at=finished,
+            throttle_s=message.throttle_s,
         )
     if message.outcome == pb.OUTCOME_FAILED:
         err = message.error
@@ -107,5 +112,6 @@ def result_from_proto(message: pb.StepResult) -> AttemptResult:
             attempt=attempt,
             started_at=started,
             finished_at=finished,
+            throttle_s=message.throttle_s,
         )
     raise BadResultError("outcome must be OUTCOME_SUCCEEDED or OUTCOME_FAILED")

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
+from agent_reach_controller.flow.ratelimits import step_key
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
@@ -98,7 +99,10 @@ def _unblock(
     if not data.budget.take():
         message = "not started: the task's attempt budget is spent"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
-    return StepChange(step=step, transition=Transition.UNBLOCK, values={"resolved_args": resolved})
+    values: dict[str, Any] = {"resolved_args": resolved}
+    if tool.rate_limit is not None and tool.rate_limit.key is not None:
+        values["rate_key"] = step_key(tool, resolved)
+    return StepChange(step=step, transition=Transition.UNBLOCK, values=values)
 
 
 def _end(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
+from agent_reach_controller.flow.ratelimits import Rate, bucket_key
 from agent_reach_controller.state import store
+from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
     AttemptResult,
@@ -62,6 +65,8 @@ class DispatchCounters:
     results_accepted: int = 0
     results_rejected: int = 0
     leases_expired: int = 0
+    # Steps a rate limit sent back to the queue to wait for their bucket.
+    rate_limited: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -76,14 +81,16 @@ class DispatchService:
         tasks: TaskService,
         notifier: Notifier,
         timings: LeaseTimings,
-        rng: random.Random | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._db = db
+        # Postgres when several replicas may dispatch; in this process for embedded SQLite.
+        self._limiter = limiter or (SqlLimiter() if db.is_postgres else MemoryLimiter())
         self._registry = registry
         self._tasks = tasks
         self._notifier = notifier
         self.timings = timings
-        self._rng = rng or random.Random()
+        self._rng = random.Random()
         self.counters = DispatchCounters()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
@@ -154,6 +161,33 @@ class DispatchService:
                     )
         await store.save_breakers(conn, updated, now=now)
 
+    async def _learn_pauses(
+        self,
+        conn: AsyncConnection,
+        applied: Sequence[tuple[AttemptResult, StepChange]],
+        now: datetime,
+    ) -> None:
+        """A downstream that said "slow down" holds back every step of its tool, not just one."""
+        longest: dict[str, float] = {}
+        for result, change in applied:
+            wait = result.hold_back()
+            if wait > 0:
+                longest[change.step.tool] = max(wait, longest.get(change.step.tool, 0.0))
+        for tool, wait in sorted(longest.items()):
+            await store.pause_tool(
+                conn,
+                tool,
+                until=now + timedelta(seconds=wait),
+                reason="the downstream said its quota is spent",
+                now=now,
+            )
+            log.info(
+                "holding back %s for %.1f s: its downstream asked to slow down",
+                tool,
+                wait,
+                extra={"event": "tool_paused", "tool": tool},
+            )
+
     async def breaker_states(self) -> dict[str, dict[str, Any]]:
         """Every guarded tool's breaker, for operators (closed when it has no row yet)."""
         guarded = [t.name for t in self._registry.catalog.values() if t.breaker is not None]
@@ -197,24 +231,90 @@ class DispatchService:
         if limit <= 0 or not connectors:
             return [], None
         now = datetime.now(UTC)
+        claim = store.ClaimInput(
+            executor_id=executor_id,
+            connectors=connectors,
+            limit=limit,
+            now=now,
+            lease_expires_at=now + self.timings.lease,
+        )
         async with self._db.transaction() as conn:
-            claimed = await store.claim_ready(
-                conn,
-                store.ClaimInput(
-                    executor_id=executor_id,
-                    connectors=connectors,
-                    limit=limit,
-                    now=now,
-                    lease_expires_at=now + self.timings.lease,
-                ),
-                concurrency=await self._caps(conn, connectors, now),
-            )
+            pauses = await self._pauses(conn, connectors, now)
+            caps = await self._caps(conn, connectors, now)
+            rates = {
+                t.name: Rate.of(t.rate_limit)
+                for t in self._registry.catalog.values()
+                if t.rate_limit is not None and t.connector in connectors
+            }
+            if pauses or caps or rates:
+                claimed = await self._claim_governed(conn, claim, pauses, caps, rates)
+            else:
+                claimed = await store.claim_ready(conn, claim)
             if not claimed:
-                return [], await store.next_due(conn, connectors)
+                due = await store.next_due(conn, connectors, now=now)
+                return [], min([due, *pauses.values()] if due else pauses.values(), default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
         return claimed, None
+
+    async def _pauses(
+        self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
+    ) -> dict[str, datetime]:
+        """Tools of these connectors that their downstream asked to hold back, and until when."""
+        pauses = await store.active_pauses(conn, now=now)
+        catalog = self._registry.catalog
+        return {
+            tool: until
+            for tool, until in pauses.items()
+            if tool in catalog and catalog[tool].connector in connectors
+        }
+
+    async def _claim_governed(
+        self,
+        conn: AsyncConnection,
+        claim: store.ClaimInput,
+        pauses: dict[str, datetime],
+        caps: dict[str, int],
+        rates: dict[str, Rate],
+    ) -> list[StepRow]:
+        """Lease within concurrency caps and rate limits; defer steps a bucket refuses.
+
+        A refused step gets a durable `not_before` at the time its bucket will admit it (the
+        n-th refused step of a bucket one interval later than the (n-1)-th), so it waits in
+        the queue without holding an executor slot, and pollers wake when it is due.
+        """
+        free = await store.room(conn, caps) if caps else {}
+        skip = sorted({*pauses, *(tool for tool, left in free.items() if left <= 0)})
+        picked: list[int] = []
+        limited: list[tuple[int, str, Rate]] = []
+        for candidate in await store.pick_ready(conn, claim, skip_tools=skip):
+            if candidate.tool in free:
+                if free[candidate.tool] <= 0:
+                    continue
+                free[candidate.tool] -= 1
+            rate = rates.get(candidate.tool)
+            if rate is None:
+                picked.append(candidate.key)
+            else:
+                bucket = bucket_key(candidate.tool, candidate.rate_key)
+                limited.append((candidate.key, bucket, rate))
+        if limited:
+            waits = await self._limiter.acquire(
+                conn, [(bucket, rate) for _, bucket, rate in limited], claim.now.timestamp()
+            )
+            behind: Counter[str] = Counter()
+            deferred: dict[int, datetime] = {}
+            for (key, bucket, rate), wait in zip(limited, waits, strict=True):
+                if wait <= 0:
+                    picked.append(key)
+                    continue
+                later = wait + behind[bucket] * rate.interval
+                behind[bucket] += 1
+                deferred[key] = claim.now + timedelta(seconds=later)
+            await store.defer_steps(conn, deferred)
+            self.counters.rate_limited += len(deferred)
+        return await store.lease_steps(conn, picked, claim)
 
     async def poll(
         self, *, executor_id: str, connectors: Sequence[str], limit: int, wait: float
@@ -321,13 +421,16 @@ class DispatchService:
                 decided.append((result, decision, ""))
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
-        await self._record_outcomes(
-            conn, [c for _, c, _ in decided if c is not None and c.step.id in moved], now
-        )
+        applied = [(r, c) for r, c, _ in decided if c is not None and c.step.id in moved]
+        await self._record_outcomes(conn, [c for _, c in applied], now)
+        await self._learn_pauses(conn, applied, now)
+        # Pollers to wake: of steps back in the queue, and of capped tools that freed a slot.
+        catalog = self._registry.catalog
         requeued = {
             c.values.get("connector", c.step.connector)
-            for _, c, _ in decided
-            if c is not None and c.step.id in moved and c.transition is Transition.RETRY
+            for _, c in applied
+            if c.transition is Transition.RETRY
+            or ((spec := catalog.get(c.step.tool)) is not None and spec.concurrency is not None)
         }
         acks = []
         for result, change, reason in decided:

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
+from agent_reach_controller.flow.ratelimits import step_key
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
 from agent_reach_controller.state.records import StepChange, StepRow
@@ -41,6 +42,15 @@ class AttemptResult:
     error: AttemptError | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # Seconds the downstream asked every caller of the tool to hold back (its quota is spent).
+    throttle_s: float = 0.0
+
+    def hold_back(self) -> float:
+        """How long this answer says the whole tool should wait, capped; 0.0 for not at all."""
+        asked = self.throttle_s
+        if self.error is not None and self.error.code == ErrorCode.RATE_LIMITED:
+            asked = max(asked, self.error.retry_after_s)
+        return min(asked, RETRY_AFTER_CAP_S) if asked > 0 else 0.0  # NaN is not > 0
 
 
 def terminal_values(
@@ -308,6 +318,7 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
             "tool_version": fallback.version,
             "connector": fallback.connector,
             "fallback_from": step.fallback_from or step.tool,
+            "rate_key": step_key(fallback, args),
             "retry": None,
             "attempt": step.attempt + 1,
             "max_attempts": step.attempt + fallback.retry.maximum_attempts,

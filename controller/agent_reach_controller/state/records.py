@@ -40,6 +40,7 @@ class StepRow:
     finished_at: datetime | None
     retry: dict[str, Any] | None = None
     fallback_from: str | None = None
+    rate_key: str | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:

@@ -20,11 +20,14 @@ from agent_reach_controller.db.schema import (
     breakers,
     events,
     idempotency_keys,
+    rate_buckets,
     steps,
     tasks,
+    tool_pauses,
     tools,
 )
 from agent_reach_controller.flow.breakers import Breaker, BreakerState
+from agent_reach_controller.flow.ratelimits import Rate, admit, floor_tat
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 
 
@@ -202,15 +205,82 @@ async def queue_depth(conn: AsyncConnection) -> int:
     return int(row.scalar_one())
 
 
-async def next_due(conn: AsyncConnection, connectors: Sequence[str]) -> datetime | None:
-    """When the earliest ready-but-deferred step of these connectors becomes due."""
+async def next_due(
+    conn: AsyncConnection, connectors: Sequence[str], *, now: datetime
+) -> datetime | None:
+    """When the earliest deferred ready step of these connectors becomes due (after `now`).
+
+    Steps already due but not leased (their tool is at its cap) are not counted: a finishing
+    step of that tool wakes the pollers instead.
+    """
     row = await conn.execute(
         sa.select(sa.func.min(steps.c.not_before)).where(
-            steps.c.status == StepStatus.READY, steps.c.connector.in_(connectors)
+            steps.c.status == StepStatus.READY,
+            steps.c.connector.in_(connectors),
+            steps.c.not_before > now,
         )
     )
     value: datetime | None = row.scalar_one_or_none()
     return value
+
+
+# --- rate limits and pauses ----------------------------------------------------------------
+
+
+async def take_tokens(
+    conn: AsyncConnection, asks: Sequence[tuple[str, Rate]], *, now: float, since: float
+) -> list[float]:
+    """GCRA over the `rate_buckets` rows, locked in name order: the wait of each ask, 0 if taken."""
+    names = sorted({bucket for bucket, _ in asks})
+    await conn.execute(
+        _insert(conn, rate_buckets).on_conflict_do_nothing(index_elements=["bucket"]),
+        [{"bucket": name, "tat": 0.0} for name in names],
+    )
+    rows = await conn.execute(
+        sa.select(rate_buckets.c.bucket, rate_buckets.c.tat)
+        .where(rate_buckets.c.bucket.in_(names))
+        .order_by(rate_buckets.c.bucket)
+        .with_for_update()
+    )
+    tats: dict[str, float] = {bucket: float(tat) for bucket, tat in rows.all()}
+    before = dict(tats)
+    waits = []
+    for bucket, rate in asks:
+        tats[bucket], wait = admit(tats[bucket], now, rate, floor=floor_tat(rate, since))
+        waits.append(wait)
+    changed = [{"b": b, "tat": t} for b, t in tats.items() if t != before[b]]
+    if changed:
+        await conn.execute(
+            sa.update(rate_buckets)
+            .where(rate_buckets.c.bucket == sa.bindparam("b"))
+            .values(tat=sa.bindparam("tat")),
+            changed,
+        )
+    return waits
+
+
+async def active_pauses(conn: AsyncConnection, *, now: datetime) -> dict[str, datetime]:
+    """Tools held back by their downstream right now, and until when."""
+    rows = await conn.execute(
+        sa.select(tool_pauses.c.tool, tool_pauses.c.until).where(tool_pauses.c.until > now)
+    )
+    return {tool: until for tool, until in rows.all()}
+
+
+async def pause_tool(
+    conn: AsyncConnection, tool: str, *, until: datetime, reason: str, now: datetime
+) -> None:
+    """Hold a tool back until `until`; a longer pause already in place is kept."""
+    stmt = _insert(conn, tool_pauses).values(tool=tool, until=until, reason=reason, updated_at=now)
+    longer = sa.case(
+        (stmt.excluded.until > tool_pauses.c.until, stmt.excluded.until), else_=tool_pauses.c.until
+    )
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["tool"],
+            set_={"until": longer, "reason": reason, "updated_at": now},
+        )
+    )
 
 
 # --- steps: transitions ---------------------------------------------------------------------
@@ -367,37 +437,58 @@ def _ready_ids(claim: ClaimInput) -> sa.Select[tuple[int]]:
     )
 
 
-async def claim_ready(
-    conn: AsyncConnection, claim: ClaimInput, *, concurrency: Mapping[str, int] | None = None
-) -> list[StepRow]:
+async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
     """Lease up to `limit` due ready steps to an executor (FOR UPDATE SKIP LOCKED on Postgres).
 
-    `concurrency` caps steps running at once per tool name, across every replica: claims of a
-    capped tool take a transaction-scoped advisory lock, so two replicas never both see room
-    for the same last slot.
+    The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit.
     """
-    if not concurrency:
-        # Materialized: an IN (SELECT … LIMIT … SKIP LOCKED) subquery may be evaluated more than
-        # once by the planner and lease more rows than the limit.
-        ready = _ready_ids(claim).cte("picked").prefix_with("MATERIALIZED")
-        return await _lease(conn, steps.c.id == ready.c.id, claim)
-    room = await _room(conn, concurrency)
-    full = [tool for tool, left in room.items() if left <= 0]
-    query = _ready_ids(claim).add_columns(steps.c.tool)
-    if full:
-        query = query.where(steps.c.tool.not_in(full))
-    picked: list[int] = []
-    for step_key, tool in (await conn.execute(query)).all():
-        if tool in room:
-            if room[tool] <= 0:
-                continue
-            room[tool] -= 1
-        picked.append(step_key)
-    return await _lease(conn, steps.c.id.in_(picked), claim) if picked else []
+    # Materialized: an IN (SELECT … LIMIT … SKIP LOCKED) subquery may be evaluated more than
+    # once by the planner and lease more rows than the limit.
+    ready = _ready_ids(claim).cte("picked").prefix_with("MATERIALIZED")
+    return await _lease(conn, steps.c.id == ready.c.id, claim)
 
 
-async def _room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
-    """Free slots per capped tool, under each tool's advisory lock (taken in name order)."""
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    key: int
+    tool: str
+    rate_key: str | None
+
+
+async def pick_ready(
+    conn: AsyncConnection, claim: ClaimInput, *, skip_tools: Sequence[str] = ()
+) -> list[Candidate]:
+    """Due ready steps to consider for a lease, locked (SKIP LOCKED) until the transaction ends."""
+    query = _ready_ids(claim).add_columns(steps.c.tool, steps.c.rate_key)
+    if skip_tools:
+        query = query.where(steps.c.tool.not_in(list(skip_tools)))
+    return [Candidate(*row) for row in (await conn.execute(query)).all()]
+
+
+async def lease_steps(
+    conn: AsyncConnection, keys: Sequence[int], claim: ClaimInput
+) -> list[StepRow]:
+    """Lease these picked steps."""
+    return await _lease(conn, steps.c.id.in_(list(keys)), claim) if keys else []
+
+
+async def defer_steps(conn: AsyncConnection, due: Mapping[int, datetime]) -> None:
+    """Push picked ready steps back in the queue until their time (a durable wait, no event)."""
+    if not due:
+        return
+    await conn.execute(
+        sa.update(steps)
+        .where(steps.c.id == sa.bindparam("key"), steps.c.status == StepStatus.READY)
+        .values(not_before=sa.bindparam("due")),
+        [{"key": key, "due": when} for key, when in due.items()],
+    )
+
+
+async def room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
+    """Free slots per capped tool, under each tool's advisory lock (taken in name order).
+
+    The locks are transaction-scoped, so two replicas never both see room for the same last slot.
+    """
     tools = sorted(concurrency)
     if conn.dialect.name == "postgresql":
         for tool in tools:

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
+import cel
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -47,6 +48,25 @@ def parse_duration(value: Any) -> Any:
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
 
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
+
+
+def parse_rate(value: Any) -> Any:
+    """Calls per second from a number or a string such as "10/s", "600/m", "5000/h"."""
+    if isinstance(value, str):
+        match = _RATE.match(value)
+        if match is None:
+            raise ValueError(
+                f"invalid rate {value!r}; use calls per second or e.g. '10/s', '600/m'"
+            )
+        return float(match.group(1)) / _UNIT_SECONDS[match.group(2)]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+PerSecond = Annotated[float, BeforeValidator(parse_rate), Field(gt=0, allow_inf_nan=False)]
+
 
 class RetryPolicy(BaseModel):
     """How often and how far apart a failed step is tried again (durations in seconds)."""
@@ -77,6 +97,35 @@ class BreakerPolicy(BaseModel):
     window: Seconds = 60.0
     cooldown: Seconds = 30.0
     probes: int = Field(default=1, ge=1)
+
+
+class RateLimit(BaseModel):
+    """At most `rate` calls per second with bursts of `burst`, per tool or per key value.
+
+    `key` is a CEL expression over the step's resolved arguments (`args.customer_id`): each
+    value gets its own bucket. Without a key the whole tool shares one bucket.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rate: PerSecond
+    burst: int = Field(default=1, ge=1, le=100_000)
+    key: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @property
+    def per_second(self) -> float:
+        return self.rate
+
+    @field_validator("key")
+    @classmethod
+    def _key_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                cel.compile(value)
+            except Exception as exc:  # the Rust binding raises ValueError, and others on odd input
+                message = str(exc).replace("\n", " ").strip()
+                raise ValueError(f"key does not compile as CEL: {message}") from None
+        return value
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
@@ -134,6 +183,8 @@ class ToolSpec(BaseModel):
     concurrency: int | None = Field(None, ge=1)
     # A circuit breaker shared by every replica; None: no breaker.
     breaker: BreakerPolicy | None = None
+    # Calls per second across every replica, enforced when steps are leased; None: no limit.
+    rate_limit: RateLimit | None = None
     enabled: bool = True
 
     @field_validator("input_schema")

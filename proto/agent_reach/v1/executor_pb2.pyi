@@ -129,20 +129,22 @@ class StepError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., maybe_applied: _Optional[bool] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("lease", "outcome", "output_json", "error", "started_at_ms", "finished_at_ms")
+    __slots__ = ("lease", "outcome", "output_json", "error", "started_at_ms", "finished_at_ms", "throttle_s")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_S_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     outcome: Outcome
     output_json: bytes
     error: StepError
     started_at_ms: int
     finished_at_ms: int
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., output_json: _Optional[bytes] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ...) -> None: ...
+    throttle_s: float
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., output_json: _Optional[bytes] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., throttle_s: _Optional[float] = ...) -> None: ...
 
 class ReportResultsRequest(_message.Message):
     __slots__ = ("executor_id", "results")
