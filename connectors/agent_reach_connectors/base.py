@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
@@ -15,6 +15,10 @@ from agent_reach.errors import ErrorCode, kind_of
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "agent_reach.connectors"
 _SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _no_heartbeat() -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +43,10 @@ class ToolCall:
     trace_id: str
     traceparent: str
     timeout_s: float
+    # Call it while a long call makes progress. With a heartbeat timeout on the tool, a call
+    # that stays silent longer than that is stopped as hung and tried again.
+    heartbeat: Callable[[], None] = _no_heartbeat
+    heartbeat_timeout_s: float | None = None
 
 
 class ConnectorError(Exception):

@@ -112,6 +112,7 @@ async def reap_forever(components: Components) -> None:
     while True:
         try:
             await components.dispatch.reap_expired()
+            await components.dispatch.expire_unstarted()
             await components.tasks.expire_deadlines()
             await components.dispatch.refresh_queue_depth()
         except asyncio.CancelledError:

@@ -71,6 +71,7 @@ class Assignment:
     timeout_ms: int
     lease_expires_at_ms: int
     max_attempts: int
+    heartbeat_timeout_ms: int = 0
 
     def log_extra(self, event: str) -> dict[str, Any]:
         """The `extra` of a log line about this step."""
@@ -192,6 +193,7 @@ def assignment_from_proto(msg: pb.StepAssignment) -> Assignment:
         timeout_ms=msg.timeout_ms,
         lease_expires_at_ms=msg.lease_expires_at_ms,
         max_attempts=msg.max_attempts,
+        heartbeat_timeout_ms=msg.heartbeat_timeout_ms,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -119,14 +120,27 @@ class StepRunner:
         abandoned, logged, and its slot given back, rather than holding the slot (and, through
         heartbeats, the lease) for ever.
         """
+        deadline = time.monotonic() + call.timeout_s
+        silent = call.heartbeat_timeout_s
+        pulse = _Pulse(time.monotonic())
+        call = dataclasses.replace(call, heartbeat=pulse.beat)
         invocation = asyncio.ensure_future(connector.invoke(call))
-        try:
-            await asyncio.wait({invocation}, timeout=call.timeout_s)
-        except asyncio.CancelledError:
-            await self._stop(invocation, assignment, why="cancelled")
-            raise
-        if invocation.done():
-            return invocation.result()
+        while True:
+            until = deadline if silent is None else min(deadline, pulse.last + silent)
+            try:
+                await asyncio.wait({invocation}, timeout=max(0.0, until - time.monotonic()))
+            except asyncio.CancelledError:
+                await self._stop(invocation, assignment, why="cancelled")
+                raise
+            if invocation.done():
+                return invocation.result()
+            now = time.monotonic()
+            if now >= deadline:
+                why = f"{call.tool} did not finish within {call.timeout_s:g}s"
+                break
+            if silent is not None and now >= pulse.last + silent:
+                why = f"{call.tool} sent no heartbeat for {silent:g}s and was stopped as hung"
+                break
         await self._stop(invocation, assignment, why="timed out")
         if invocation.done() and not invocation.cancelled():
             exc = invocation.exception()
@@ -134,12 +148,7 @@ class StepRunner:
                 return invocation.result()  # it finished anyway: the output is real
             if isinstance(exc, ConnectorError):
                 raise exc
-        raise ConnectorError(
-            ErrorCode.TIMEOUT,
-            f"{call.tool} did not finish within {call.timeout_s:g}s",
-            retryable=True,
-            maybe_applied=True,
-        )
+        raise ConnectorError(ErrorCode.TIMEOUT, why, retryable=True, maybe_applied=True)
 
     async def _stop(
         self, invocation: asyncio.Future[Any], assignment: Assignment, *, why: str
@@ -202,7 +211,24 @@ class StepRunner:
             trace_id=assignment.trace_id,
             traceparent=assignment.traceparent,
             timeout_s=timeout_s,
+            heartbeat_timeout_s=(
+                assignment.heartbeat_timeout_ms / 1000
+                if assignment.heartbeat_timeout_ms > 0
+                else None
+            ),
         )
+
+
+class _Pulse:
+    """When a running call last said it is alive."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+
+    def beat(self) -> None:
+        self.last = time.monotonic()  # callable from a worker thread too
 
 
 def _decode_object(raw: bytes, *, what: str, code: ErrorCode) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent_reach_connectors.base import ConnectorError, ToolCall
+from agent_reach_connectors.base import ConnectorError, Throttled, ToolCall
 from agent_reach_executor.client import Assignment, LeaseKey, StepResult, result_to_proto
 from agent_reach_executor.runner import StepRunner
 from tests.executor.fake_controller import FnConnector
@@ -315,3 +315,44 @@ async def test_a_connector_that_finishes_while_being_cancelled_keeps_its_output(
     result = await run_with(finishes_anyway, timeout_ms=50)
     assert result.succeeded
     assert json.loads(result.output_json) == {"done": True}
+
+
+async def test_a_silent_call_is_stopped_at_its_heartbeat_timeout_a_beating_one_runs_on() -> None:
+    async def beating(call: ToolCall) -> Any:
+        for _ in range(8):  # 8 x 40 ms: longer than the 100 ms heartbeat timeout in all
+            await asyncio.sleep(0.04)
+            call.heartbeat()
+        return {"done": True}
+
+    alive = await run_with(beating, heartbeat_timeout_ms=100)
+    assert alive.succeeded, alive.failure
+
+    async def hung(call: ToolCall) -> Any:
+        call.heartbeat()
+        await asyncio.sleep(30)
+
+    stopped = await run_with(hung, heartbeat_timeout_ms=100, timeout_ms=20_000)
+    assert stopped.failure is not None
+    assert stopped.failure.code == "timeout"
+    assert (
+        stopped.failure.message == "order.query sent no heartbeat for 0.1s and was stopped as hung"
+    )
+    assert stopped.failure.retryable
+    assert stopped.failure.maybe_applied
+
+
+async def test_a_spent_quota_reaches_the_result_whatever_the_outcome() -> None:
+    async def spent(call: ToolCall) -> Any:
+        return Throttled({"n": 1}, 2.5)
+
+    result = await run_with(spent)
+    assert json.loads(result.output_json) == {"n": 1}
+    assert result.throttle_s == 2.5
+    assert result_to_proto(result).throttle_s == 2.5
+
+    async def limited(call: ToolCall) -> Any:
+        raise ConnectorError("rate_limited", "slow down", retry_after=4, throttle=float("nan"))
+
+    failed = await run_with(limited)
+    assert failed.failure is not None
+    assert failed.throttle_s == 0.0  # nonsense from a connector is dropped, not sent

@@ -239,6 +239,27 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "Extra inputs",
     ),
     (
+        "timeout override not a duration",
+        {"steps": [{**WEATHER, "timeouts": {"timeout": "soon"}}]},
+        "/steps/0/timeouts/timeout",
+        "invalid_type",
+        "invalid duration",
+    ),
+    (
+        "timeout override unknown field",
+        {"steps": [{**WEATHER, "timeouts": {"start_to_start": "1s"}}]},
+        "/steps/0/timeouts/start_to_start",
+        "unknown_field",
+        "Extra inputs",
+    ),
+    (
+        "timeouts not an object",
+        {"steps": [{**WEATHER, "timeouts": 5}]},
+        "/steps/0/timeouts",
+        "invalid_type",
+        "'timeouts'",
+    ),
+    (
         "budget unknown key",
         {"steps": [WEATHER], "budget": {"max_steps": 3}},
         "/budget/max_steps",
@@ -509,3 +530,16 @@ def test_validate_resolved_args() -> None:
     assert pairs(problems) == {("/args", "invalid_arguments"), ("/args/city", "invalid_arguments")}
     # resolved values that still look like references are checked, not excused
     assert validate_resolved_args(tool, {"city": "W", "day": "$x.output"})[0].pointer == "/args/day"
+
+
+def test_a_steps_timeouts_replace_the_tools_one_by_one() -> None:
+    from agent_reach_controller.tools.catalog import Timeouts
+
+    body = {"steps": [{**WEATHER, "timeouts": {"timeout": "2s", "schedule_to_start": "500ms"}}]}
+    [step] = parse_plan(body, CATALOG).steps
+    assert step.timeouts == Timeouts(timeout=2.0, schedule_to_start=0.5)
+    tool = CATALOG[step.tool]
+    effective = Timeouts.effective(tool, step.timeouts.model_dump(exclude_none=True))
+    assert (effective.timeout, effective.schedule_to_start) == (2.0, 0.5)
+    assert effective.schedule_to_close == tool.schedule_to_close
+    assert Timeouts.effective(tool, None).timeout == tool.timeout

@@ -39,6 +39,10 @@ DESIGN_EDGES = {
     ("outcome_unknown", "succeeded"),
     ("outcome_unknown", "failed"),
     ("outcome_unknown", "cancelled"),
+    # Beyond the diagram, for issue 3's schedule_to_start: a queued attempt no executor took in
+    # time fails from the queue, or is re-routed (queued again) to the tool's fallback.
+    ("ready", "failed"),
+    ("ready", "ready"),
 }
 
 

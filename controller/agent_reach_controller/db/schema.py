@@ -116,6 +116,10 @@ steps = sa.Table(
     sa.Column("fallback_from", sa.String(128)),
     # Digest of the tool's rate-limit key value for this step's arguments; NULL: the tool's bucket.
     sa.Column("rate_key", sa.String(32)),
+    # The step's own timeouts (overriding the tool's); NULL: the tool's.
+    sa.Column("timeouts", Json),
+    # When a queued attempt fails for want of an executor (schedule_to_start); NULL: never.
+    sa.Column("start_by", UtcDateTime()),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
@@ -135,6 +139,13 @@ steps = sa.Table(
         "id",
         postgresql_where=sa.text("status = 'ready'"),
         sqlite_where=sa.text("status = 'ready'"),
+    ),
+    # The schedule-to-start sweep's index: only queued rows that have such a timeout.
+    sa.Index(
+        "ix_steps_ready_start_by",
+        "start_by",
+        postgresql_where=sa.text("status = 'ready' AND start_by IS NOT NULL"),
+        sqlite_where=sa.text("status = 'ready' AND start_by IS NOT NULL"),
     ),
     # The lease reaper's index: only running rows, by expiry.
     sa.Index(

@@ -25,7 +25,6 @@ from typing import Any
 from agent_reach_controller.planning.conditions import ConditionError, evaluate_key
 from agent_reach_controller.tools.catalog import RateLimit, ToolSpec
 
-
 # A call this close to its slot is on time: sums of float intervals drift by a few ulps.
 SLACK = 1e-6
 

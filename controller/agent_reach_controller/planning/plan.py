@@ -37,7 +37,7 @@ from agent_reach_controller.planning.shapes import (
     read_deadline,
     read_goal,
 )
-from agent_reach_controller.tools.catalog import RetryPolicy, ToolCatalog, ToolSpec
+from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolCatalog, ToolSpec
 
 __all__ = [
     "Plan",
@@ -63,6 +63,7 @@ class PlannedStep:
     when: str | None
     position: int
     retry: RetryPolicy | None = None  # the tool's policy with this step's overrides
+    timeouts: Timeouts | None = None  # the step's own timeouts, each replacing the tool's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,7 +210,23 @@ def _step_retry(
         return None
 
 
-def _planned(draft: StepDraft, spec: ToolSpec, retry: RetryPolicy | None) -> PlannedStep:
+def _step_timeouts(draft: StepDraft, out: ProblemCollector) -> Timeouts | None:
+    """The step's `timeouts` object, checked field by field."""
+    if draft.timeouts is None:
+        return None
+    try:
+        return Timeouts.model_validate(draft.timeouts)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = pointer_join(f"{draft.base}/timeouts", *(str(t) for t in error["loc"]))
+            code = P.UNKNOWN_FIELD if error["type"] == "extra_forbidden" else P.INVALID_TYPE
+            out.add(where, code, error["msg"])
+        return None
+
+
+def _planned(
+    draft: StepDraft, spec: ToolSpec, retry: RetryPolicy | None, timeouts: Timeouts | None
+) -> PlannedStep:
     assert draft.step_id is not None
     assert draft.args is not None
     return PlannedStep(
@@ -221,6 +238,7 @@ def _planned(draft: StepDraft, spec: ToolSpec, retry: RetryPolicy | None) -> Pla
         when=draft.when,
         position=draft.position,
         retry=retry,
+        timeouts=timeouts,
     )
 
 
@@ -250,10 +268,13 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         _check_args(draft, spec, ids=ids, limits=limits, out=out)
         _check_when(draft, ids, limits, out)
     retries = [_step_retry(d, s, out) for d, s in zip(drafts, specs, strict=True)]
+    timeouts = [_step_timeouts(d, out) for d in drafts]
     if out.items:
         raise PlanInvalidError(out.items)
     steps = tuple(
-        _planned(d, s, r) for d, s, r in zip(drafts, specs, retries, strict=True) if s is not None
+        _planned(d, s, r, t)
+        for d, s, r, t in zip(drafts, specs, retries, timeouts, strict=True)
+        if s is not None
     )
     plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
     return Plan(

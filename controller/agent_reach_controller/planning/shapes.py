@@ -11,7 +11,7 @@ from agent_reach_controller.planning.problems import ProblemCode, ProblemCollect
 
 P = ProblemCode
 _PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget"})
-_STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when", "retry"})
+_STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when", "retry", "timeouts"})
 _OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget"})
 # The longest deadline a task may ask for: 30 days.
 MAX_DEADLINE_S = 30 * 24 * 3600.0
@@ -31,6 +31,7 @@ class StepDraft:
     depends_on: list[str] = field(default_factory=list)
     when: str | None = None
     retry: dict[str, Any] | None = None
+    timeouts: dict[str, Any] | None = None
     pointers: dict[str, str] = field(default_factory=dict)
     args_addressable: bool = True
 
@@ -96,6 +97,8 @@ def _parse_step(raw: Any, position: int, out: ProblemCollector) -> StepDraft | N
                 )
     if raw.get("retry") is not None:
         draft.retry = _object(raw["retry"], ptr["retry"], "'retry'", out)
+    if raw.get("timeouts") is not None:
+        draft.timeouts = _object(raw["timeouts"], ptr["timeouts"], "'timeouts'", out)
     if raw.get("when") is not None:
         when = raw["when"]
         if isinstance(when, str):

@@ -10,7 +10,7 @@ from agent_reach.ids import make_traceparent, new_span_id
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.state.outcomes import AttemptError, AttemptResult, closes_at
 from agent_reach_controller.state.records import StepRow
-from agent_reach_controller.tools.catalog import ToolSpec
+from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
 
 
 def to_ms(value: datetime | None) -> int:
@@ -25,9 +25,9 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _attempt_timeout_ms(step: StepRow, tool: ToolSpec) -> int:
-    """The tool's per-attempt timeout, cut to what is left of `schedule_to_close` (at least 1)."""
-    timeout = tool.timeout
+def _attempt_timeout_ms(step: StepRow, timeouts: Timeouts, tool: ToolSpec) -> int:
+    """The per-attempt timeout, cut to what is left of `schedule_to_close` (at least 1 ms)."""
+    timeout = timeouts.timeout or tool.timeout
     close_by = closes_at(step, tool)
     if close_by is not None:
         timeout = min(timeout, (close_by - datetime.now(UTC)).total_seconds())
@@ -35,6 +35,7 @@ def _attempt_timeout_ms(step: StepRow, tool: ToolSpec) -> int:
 
 
 def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
+    timeouts = Timeouts.effective(tool, step.timeouts)
     return pb.StepAssignment(
         lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt),
         task_id=step.task_id,
@@ -46,7 +47,8 @@ def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
         idempotency_key=step.idempotency_key,
         trace_id=step.trace_id,
         traceparent=make_traceparent(step.trace_id, new_span_id()),
-        timeout_ms=_attempt_timeout_ms(step, tool),
+        timeout_ms=_attempt_timeout_ms(step, timeouts, tool),
+        heartbeat_timeout_ms=int((timeouts.heartbeat or 0) * 1000),
         lease_expires_at_ms=to_ms(step.lease_expires_at),
         max_attempts=step.max_attempts,
     )

@@ -13,7 +13,7 @@ from agent_reach_controller.flow.ratelimits import step_key
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
-from agent_reach_controller.state.outcomes import Budget, terminal_values
+from agent_reach_controller.state.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -100,6 +100,9 @@ def _unblock(
         message = "not started: the task's attempt budget is spent"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
     values: dict[str, Any] = {"resolved_args": resolved}
+    due = start_by(step, tool, data.now)
+    if due is not None:
+        values["start_by"] = due
     if tool.rate_limit is not None and tool.rate_limit.key is not None:
         values["rate_key"] = step_key(tool, resolved)
     return StepChange(step=step, transition=Transition.UNBLOCK, values=values)

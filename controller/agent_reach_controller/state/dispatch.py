@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +26,7 @@ from agent_reach_controller.state.outcomes import (
     Decision,
     decide_lease_expiry,
     decide_result,
+    not_started,
 )
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
@@ -496,17 +497,65 @@ class DispatchService:
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
             expired = await store.expired_leases(conn, now=now, limit=limit)
-        if not expired:
+        reaped = await self._settle(
+            [s.id for s in expired],
+            now=now,
+            due=lambda s: (
+                s.status is StepStatus.RUNNING
+                and s.lease_expires_at is not None
+                and s.lease_expires_at < now
+            ),
+            decide=decide_lease_expiry,
+        )
+        self.counters.leases_expired += reaped
+        if reaped:
+            log.warning(
+                "handled %d steps whose lease expired (re-queued, failed or held for an operator)",
+                reaped,
+                extra={"event": "lease_expired"},
+            )
+        return reaped
+
+    async def expire_unstarted(self, *, limit: int = 500) -> int:
+        """Fail (or hand to their fallback) queued steps past their `schedule_to_start`."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            late = await store.unstarted_steps(conn, now=now, limit=limit)
+        expired = await self._settle(
+            late,
+            now=now,
+            due=lambda s: (
+                s.status is StepStatus.READY and s.start_by is not None and s.start_by < now
+            ),
+            decide=not_started,
+        )
+        if expired:
+            log.warning(
+                "%d queued steps were not started in time (schedule_to_start)",
+                expired,
+                extra={"event": "schedule_to_start_expired"},
+            )
+        return expired
+
+    async def _settle(
+        self,
+        keys: Sequence[int],
+        *,
+        now: datetime,
+        due: Callable[[StepRow], bool],
+        decide: Callable[[StepRow, Decision], StepChange],
+    ) -> int:
+        """Decide these steps (those still `due` once their tasks are locked) and advance."""
+        if not keys:
             return 0
         async with self._db.transaction() as conn:
-            task_ids = {s.task_id for s in expired}
-            await store.lock_tasks(conn, task_ids)
-            current = await store.load_steps_by_key(conn, (s.id for s in expired))
+            task_ids = await store.lock_tasks_of_steps(conn, keys)
+            current = await store.load_steps_by_key(conn, keys)
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
             tasks = await store.load_tasks(conn, task_ids)
             budgets = await self._tasks.budgets(conn, tasks)
             changes = [
-                decide_lease_expiry(
+                decide(
                     step,
                     self._decision(
                         self._registry.get(step.tool, step.tool_version),
@@ -515,12 +564,9 @@ class DispatchService:
                     ),
                 )
                 for step in current.values()
-                if step.status is StepStatus.RUNNING
-                and step.lease_expires_at is not None
-                and step.lease_expires_at < now
+                if due(step)
             ]
             moved = await store.change_steps(conn, changes, now=now)
-            reaped = len(moved)
             connectors = {
                 c.values.get("connector", c.step.connector) for c in changes if c.step.id in moved
             }
@@ -531,11 +577,4 @@ class DispatchService:
                 tasks=advanced.finished_tasks,
             )
         await self._notifier.after_commit(wake)
-        self.counters.leases_expired += reaped
-        if reaped:
-            log.warning(
-                "handled %d steps whose lease expired (re-queued, failed or held for an operator)",
-                reaped,
-                extra={"event": "lease_expired"},
-            )
-        return reaped
+        return len(moved)

@@ -14,7 +14,7 @@ from agent_reach_controller.flow.ratelimits import step_key
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
 from agent_reach_controller.state.records import StepChange, StepRow
-from agent_reach_controller.tools.catalog import RetryPolicy, ToolSpec, backoff_delay
+from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolSpec, backoff_delay
 
 # The longest Retry-After we honour; a downstream asking for more gets this.
 RETRY_AFTER_CAP_S = 300.0
@@ -186,6 +186,7 @@ def _decide_failure(step: StepRow, error: AttemptError, ctx: Decision) -> StepCh
             values={
                 "attempt": step.attempt + 1,
                 "not_before": ctx.now + timedelta(seconds=delay),
+                "start_by": start_by(step, ctx.tool, ctx.now + timedelta(seconds=delay)),
                 "lease_owner": None,
                 "lease_expires_at": None,
                 "error": error.as_dict(),
@@ -244,6 +245,7 @@ def decide_resolution(
             "attempt": step.attempt + 1,
             "max_attempts": max(step.max_attempts, step.attempt + 1),
             "not_before": None,
+            "start_by": start_by(step, tool, now),
             "receipt": None,
             "error": None,
         }
@@ -265,19 +267,43 @@ def decide_resolution(
 
 
 def closes_at(step: StepRow, tool: ToolSpec) -> datetime | None:
-    """When the step must be over, retries included (the tool's `schedule_to_close`)."""
-    if tool.schedule_to_close is None:
-        return None
-    return step.created_at + timedelta(seconds=tool.schedule_to_close)
+    """When the step must be over, retries included (its `schedule_to_close`)."""
+    limit = Timeouts.effective(tool, step.timeouts).schedule_to_close
+    return None if limit is None else step.created_at + timedelta(seconds=limit)
+
+
+def start_by(step: StepRow, tool: ToolSpec, due: datetime) -> datetime | None:
+    """When an attempt queued to run at `due` fails for want of an executor (schedule_to_start)."""
+    limit = Timeouts.effective(tool, step.timeouts).schedule_to_start
+    return None if limit is None else due + timedelta(seconds=limit)
+
+
+def not_started(step: StepRow, ctx: Decision) -> StepChange:
+    """A queued attempt no executor took within its `schedule_to_start`: fail, or fall back."""
+    limit = Timeouts.effective(ctx.tool, step.timeouts).schedule_to_start
+    error = {
+        "code": ErrorCode.TIMEOUT.value,
+        "message": f"{step.tool} was not started within {limit:g}s of being queued "
+        f"(schedule_to_start): no executor for connector {step.connector!r} took it",
+        "retryable": False,
+    }
+    values = terminal_values(
+        step, tool=ctx.tool, transition=Transition.EXPIRE, now=ctx.now, error=error
+    )
+    change = StepChange(
+        step=step, transition=Transition.EXPIRE, values=values, event_data={"error": error}
+    )
+    return _or_fallback(change, ctx)
 
 
 def _out_of_time(
     step: StepRow, error: AttemptError, *, tool: ToolSpec, now: datetime
 ) -> StepChange:
+    limit = Timeouts.effective(tool, step.timeouts).schedule_to_close
     late = {
         "code": ErrorCode.TIMEOUT.value,
         "message": f"{error.message}; not retried: {step.tool} must finish within "
-        f"{tool.schedule_to_close:g}s of being scheduled (schedule_to_close)",
+        f"{limit:g}s of being scheduled (schedule_to_close)",
         "retryable": False,
     }
     values = terminal_values(step, tool=tool, transition=Transition.FAIL, now=now, error=late)
@@ -295,7 +321,7 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     Not after a spent budget or deadline (a fallback is one more attempt), and not when the
     arguments do not fit the fallback's schema.
     """
-    if change.transition is not Transition.FAIL or ctx.tool.fallback is None:
+    if change.transition not in (Transition.FAIL, Transition.EXPIRE) or ctx.tool.fallback is None:
         return change
     error = change.values.get("error") or {}
     if (change.event_data or {}).get("final"):
@@ -312,7 +338,8 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     }
     return StepChange(
         step=step,
-        transition=Transition.RETRY,
+        # From the queue the step is re-routed; after an attempt it is retried on the fallback.
+        transition=Transition.REROUTE if step.status is StepStatus.READY else Transition.RETRY,
         values={
             "tool": fallback.name,
             "tool_version": fallback.version,
@@ -323,6 +350,7 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
             "attempt": step.attempt + 1,
             "max_attempts": step.attempt + fallback.retry.maximum_attempts,
             "not_before": ctx.now,
+            "start_by": start_by(step, fallback, ctx.now),
             "lease_owner": None,
             "lease_expires_at": None,
             "error": error or None,

@@ -41,6 +41,8 @@ class StepRow:
     retry: dict[str, Any] | None = None
     fallback_from: str | None = None
     rate_key: str | None = None
+    timeouts: dict[str, Any] | None = None
+    start_by: datetime | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:

@@ -540,6 +540,21 @@ async def _lease(
     return claimed
 
 
+async def unstarted_steps(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
+    """Queued steps past their `start_by`, oldest first (the sweep's partial index)."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(
+            steps.c.status == StepStatus.READY,
+            steps.c.start_by.is_not(None),
+            steps.c.start_by < now,
+        )
+        .order_by(steps.c.start_by)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
 async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[StepRow]:
     """Running steps whose lease has expired, locked against other reapers."""
     stmt = (

@@ -467,6 +467,11 @@ def _step_rows(
                 "attempt": 1,
                 "max_attempts": (step.retry or tool.retry).maximum_attempts,
                 "retry": step.retry.model_dump(mode="json") if step.retry else None,
+                "timeouts": (
+                    step.timeouts.model_dump(mode="json", exclude_none=True)
+                    if step.timeouts
+                    else None
+                ),
                 "idempotency_key": step_idempotency_key(task_id, step.step_id),
                 "created_at": now,
                 "updated_at": now,

@@ -128,6 +128,23 @@ class RateLimit(BaseModel):
         return value
 
 
+class Timeouts(BaseModel):
+    """A step's own timeouts, each replacing the tool's (same names and meaning as ToolSpec)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    timeout: Seconds | None = None
+    schedule_to_close: Seconds | None = None
+    schedule_to_start: Seconds | None = None
+    heartbeat: Seconds | None = None
+
+    @classmethod
+    def effective(cls, tool: ToolSpec, overrides: Mapping[str, Any] | None) -> Timeouts:
+        """The tool's timeouts with a step's overrides applied."""
+        values = {name: getattr(tool, name) for name in cls.model_fields}
+        return cls.model_validate(values | {k: v for k, v in (overrides or {}).items() if v})
+
+
 def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
     """Seconds to wait before attempt `attempt + 1` after attempt `attempt` (1-based) failed.
 
@@ -171,9 +188,16 @@ class ToolSpec(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     output: list[str] | None = None
+    # start_to_close: one attempt, from the executor taking it to its result.
     timeout: Seconds = 30.0
     # The whole step, retries and waits included: no attempt starts or runs past it.
     schedule_to_close: Seconds | None = None
+    # The longest an attempt may wait in the queue for an executor; then the step fails (or
+    # goes to its fallback). Waits for a rate-limit token count; a backoff does not.
+    schedule_to_start: Seconds | None = None
+    # The longest a running call may stay silent (see ToolCall.heartbeat) before it is stopped
+    # as hung and tried again.
+    heartbeat: Seconds | None = None
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     risk: Literal["read", "write", "dangerous"] = "read"
     idempotent: bool = False

@@ -65,7 +65,7 @@ class PollStepsResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepAssignment, _Mapping]]] = ...) -> None: ...
 
 class StepAssignment(_message.Message):
-    __slots__ = ("lease", "task_id", "step_id", "tool", "connector", "config_json", "args_json", "idempotency_key", "trace_id", "traceparent", "timeout_ms", "lease_expires_at_ms", "max_attempts")
+    __slots__ = ("lease", "task_id", "step_id", "tool", "connector", "config_json", "args_json", "idempotency_key", "trace_id", "traceparent", "timeout_ms", "lease_expires_at_ms", "max_attempts", "heartbeat_timeout_ms")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class StepAssignment(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     task_id: str
     step_id: str
@@ -92,7 +93,8 @@ class StepAssignment(_message.Message):
     timeout_ms: int
     lease_expires_at_ms: int
     max_attempts: int
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., task_id: _Optional[str] = ..., step_id: _Optional[str] = ..., tool: _Optional[str] = ..., connector: _Optional[str] = ..., config_json: _Optional[bytes] = ..., args_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., lease_expires_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+    heartbeat_timeout_ms: int
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., task_id: _Optional[str] = ..., step_id: _Optional[str] = ..., tool: _Optional[str] = ..., connector: _Optional[str] = ..., config_json: _Optional[bytes] = ..., args_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., lease_expires_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("executor_id", "leases")

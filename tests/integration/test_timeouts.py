@@ -1,0 +1,103 @@
+"""schedule_to_start, per-step timeout overrides, and the heartbeat timeout on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.rpc.convert import assignment_to_proto
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.tasks import SubmitInput
+from tests.integration.stack import TOOLS, components_for, write_tools
+
+NOBODY_RUNS = {
+    "name": "gpu.render",
+    "description": "Needs an executor that may never come.",
+    "connector": "gpu",
+    "schedule_to_start": "200ms",
+    "fallback": "echo.say",
+}
+LONG = {
+    "name": "batch.export",
+    "description": "A long call that reports progress.",
+    "connector": "echo",
+    "timeout": "1h",
+    "heartbeat": "15s",
+}
+
+
+async def submit(c: Components, steps: list[dict]) -> str:
+    body = {"steps": steps}
+    done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+    return done.task_id
+
+
+async def sweep_until(c: Components, expected: int, *, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    swept = 0
+    while swept < expected:
+        assert time.monotonic() < deadline, f"swept {swept} of {expected} steps"
+        swept += await c.dispatch.expire_unstarted()
+        await asyncio.sleep(0.02)
+
+
+async def test_a_step_no_executor_takes_goes_to_its_fallback_or_fails(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, NOBODY_RUNS])
+    async with components_for(database_url, tools) as c:
+        task_id = await submit(
+            c,
+            [
+                {"step_id": "render", "tool": "gpu.render", "args": {}},
+                # The step's own, shorter limit on a tool that has none.
+                {
+                    "step_id": "quick",
+                    "tool": "echo.say",
+                    "args": {},
+                    "timeouts": {"schedule_to_start": "100ms"},
+                },
+            ],
+        )
+        assert await c.dispatch.expire_unstarted() == 0  # nothing is late yet
+        await sweep_until(c, 2)
+        view = await c.tasks.get(task_id)
+        assert view is not None
+        steps = {s.step_id: s for s in view.steps}
+        quick = steps["quick"]
+        assert quick.status.value == "failed"
+        assert quick.error is not None
+        assert quick.error["message"] == (
+            "echo.say was not started within 0.1s of being queued (schedule_to_start): "
+            "no executor for connector 'echo' took it"
+        )
+        # The render step moved to its fallback on another connector, queued again.
+        render = steps["render"]
+        assert (render.status.value, render.tool, render.connector) == ("ready", "echo.say", "echo")
+        assert render.fallback_from == "gpu.render"
+        [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        assert leased.step_id == "render"
+
+
+async def test_the_assignment_carries_the_steps_timeout_and_the_tools_heartbeat(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, LONG])) as c:
+        await submit(
+            c,
+            [
+                {"step_id": "own", "tool": "batch.export", "args": {}},
+                {
+                    "step_id": "short",
+                    "tool": "batch.export",
+                    "args": {},
+                    "timeouts": {"timeout": "90s", "heartbeat": "5s"},
+                },
+            ],
+        )
+        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        sent = {s.step_id: assignment_to_proto(s, c.catalog["batch.export"]) for s in leased}
+        assert (sent["own"].timeout_ms, sent["own"].heartbeat_timeout_ms) == (3_600_000, 15_000)
+        assert (sent["short"].timeout_ms, sent["short"].heartbeat_timeout_ms) == (90_000, 5_000)
