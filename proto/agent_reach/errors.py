@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     BUDGET_EXHAUSTED = "budget_exhausted"
     RESOLVED_FAILED = "resolved_failed"
+    CIRCUIT_OPEN = "circuit_open"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -89,6 +90,9 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
     ),
     ErrorCode.RESOLVED_FAILED: ErrorKind(
         retryable=False, http_status=409, title="An operator confirmed it did not happen"
+    ),
+    ErrorCode.CIRCUIT_OPEN: ErrorKind(
+        retryable=False, http_status=503, title="Not called: the tool's circuit breaker is open"
     ),
     ErrorCode.INVALID_PLAN: ErrorKind(retryable=False, http_status=422, title="Invalid plan"),
     ErrorCode.IDEMPOTENCY_CONFLICT: ErrorKind(

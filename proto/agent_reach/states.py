@@ -35,8 +35,10 @@ class Transition(StrEnum):
     SUCCEED = "succeed"
     RETRY = "retry"  # retryable error, timeout or lost lease with attempts left
     FAIL = "fail"  # fatal error, attempts exhausted, or arguments invalid after resolution
-    EXPIRE = "expire"  # queued, but no executor took it within its schedule_to_start
-    REROUTE = "reroute"  # queued, not started in time: queued again on the tool's fallback
+    # Queued, and will not run: no executor took it within its schedule_to_start, or its tool's
+    # breaker is open and set to fail fast.
+    GIVE_UP = "give_up"
+    REROUTE = "reroute"  # queued, given up on: queued again on the tool's fallback instead
     REQUIRE_APPROVAL = "require_approval"
     APPROVE = "approve"
     REJECT = "reject"
@@ -59,7 +61,7 @@ STEP_TRANSITIONS: dict[Transition, tuple[frozenset[StepStatus], StepStatus]] = {
     T.SUCCEED: (frozenset({S.RUNNING}), S.SUCCEEDED),
     T.RETRY: (frozenset({S.RUNNING}), S.READY),
     T.FAIL: (frozenset({S.BLOCKED, S.RUNNING}), S.FAILED),
-    T.EXPIRE: (frozenset({S.READY}), S.FAILED),
+    T.GIVE_UP: (frozenset({S.READY}), S.FAILED),
     T.REROUTE: (frozenset({S.READY}), S.READY),
     T.REQUIRE_APPROVAL: (frozenset({S.READY}), S.AWAITING_APPROVAL),
     T.APPROVE: (frozenset({S.AWAITING_APPROVAL}), S.READY),

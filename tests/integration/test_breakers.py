@@ -71,3 +71,52 @@ async def test_breakers_are_visible_through_the_api(sqlite_url: str, tmp_path: P
             "flaky.call": {"state": "closed", "calls": 0, "failures": 0, "opened_at": None}
         }
     }
+
+
+FAIL_FAST = {
+    **FLAKY,
+    "name": "flaky.fast",
+    "breaker": {**FLAKY["breaker"], "cooldown": "60s", "while_open": "fail_fast"},
+}
+
+
+async def test_an_open_fail_fast_breaker_ends_queued_steps_or_sends_them_to_the_fallback(
+    database_url: str, tmp_path: Path
+) -> None:
+    with_fallback = {**FAIL_FAST, "name": "flaky.routed", "fallback": "echo.say"}
+    tools = write_tools(tmp_path, [*TOOLS, FAIL_FAST, with_fallback])
+    async with components_for(database_url, tools) as c:
+        steps = [
+            {"step_id": f"{tool}-{i}", "tool": f"flaky.{tool}", "args": {}}
+            for i in range(3)
+            for tool in ("fast", "routed")
+        ]
+        body = {"steps": steps}
+        done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=4)
+        assert sorted(s.step_id for s in first) == ["fast-0", "fast-1", "routed-0", "routed-1"]
+        await c.dispatch.report(
+            executor_id="x",
+            results=[failed(s, "downstream_unavailable", retryable=True) for s in first],
+        )
+        shown = await c.dispatch.breaker_states()
+        assert shown["flaky.fast"]["state"] == shown["flaky.routed"]["state"] == "open"
+        # The report that opened them already ended what was queued: nothing waits for 60 s.
+        view = await c.tasks.get(done.task_id)
+        assert view is not None
+        by_id = {s.step_id: s for s in view.steps}
+        fast = by_id["fast-2"]
+        assert fast.status.value == "failed"
+        assert fast.error == {
+            "code": "circuit_open",
+            "message": "flaky.fast was not called: its downstream has been failing and its "
+            "circuit breaker is open",
+            "retryable": False,
+        }
+        routed = by_id["routed-2"]
+        assert (routed.status.value, routed.tool, routed.fallback_from) == (
+            "ready",
+            "echo.say",
+            "flaky.routed",
+        )
+        assert await c.dispatch.fail_fast_open() == 0  # nothing left to end

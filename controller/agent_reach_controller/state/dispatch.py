@@ -24,6 +24,7 @@ from agent_reach_controller.state.outcomes import (
     AttemptResult,
     Budget,
     Decision,
+    breaker_open,
     decide_lease_expiry,
     decide_result,
     not_started,
@@ -125,8 +126,11 @@ class DispatchService:
 
     async def _record_outcomes(
         self, conn: AsyncConnection, changes: Sequence[StepChange], now: datetime
-    ) -> None:
-        """Feed accepted outcomes to their tools' breakers (retryable errors count as failures)."""
+    ) -> set[str]:
+        """Feed accepted outcomes to their tools' breakers (retryable errors count as failures).
+
+        Returns the tools whose breaker opened.
+        """
         tally: dict[str, list[int]] = {}
         for change in changes:
             spec = self._registry.catalog.get(change.step.tool)
@@ -140,9 +144,10 @@ class DispatchService:
             )
             counts[1 if failed else 0] += 1
         if not tally:
-            return
+            return set()
         states = await store.load_breakers(conn, tally, lock=True)
         updated = []
+        opened = set()
         for name, (ok_count, failed_count) in tally.items():
             policy = self._registry.catalog[name].breaker
             assert policy is not None
@@ -153,6 +158,8 @@ class DispatchService:
             if after != current:
                 updated.append(after)
                 if after.state is not current.state:
+                    if after.state is breakers.BreakerState.OPEN:
+                        opened.add(name)
                     log.warning(
                         "circuit breaker of %s: %s -> %s",
                         name,
@@ -161,6 +168,7 @@ class DispatchService:
                         extra={"event": "breaker_changed", "tool": name},
                     )
         await store.save_breakers(conn, updated, now=now)
+        return opened
 
     async def _learn_pauses(
         self,
@@ -371,7 +379,7 @@ class DispatchService:
             await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
             # Read once under the lock: step changes never touch task rows.
             tasks = await store.load_tasks(conn, task_ids)
-            acks, requeued = await self._apply(
+            acks, requeued, opened = await self._apply(
                 conn,
                 current,
                 results,
@@ -386,6 +394,9 @@ class DispatchService:
                 tasks=advanced.finished_tasks,
             )
         await self._notifier.after_commit(wake)
+        catalog = self._registry.catalog
+        if any((b := catalog[t].breaker) and b.while_open == "fail_fast" for t in opened):
+            await self.fail_fast_open()
         return acks
 
     async def _apply(
@@ -397,10 +408,11 @@ class DispatchService:
         now: datetime,
         executor_id: str,
         budgets: dict[str, Budget],
-    ) -> tuple[list[Ack], set[str]]:
+    ) -> tuple[list[Ack], set[str], set[str]]:
         """Decide every result, apply the batch in one compare-and-set, ack each in order.
 
-        Also returns the connectors of steps put back in the queue (retries), to wake pollers.
+        Also returns the connectors of steps put back in the queue (retries), to wake pollers,
+        and the tools whose breaker these results opened.
         """
         decided: list[tuple[AttemptResult, StepChange | None, str]] = []
         seen: set[int] = set()
@@ -423,7 +435,7 @@ class DispatchService:
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
         applied = [(r, c) for r, c, _ in decided if c is not None and c.step.id in moved]
-        await self._record_outcomes(conn, [c for _, c in applied], now)
+        opened = await self._record_outcomes(conn, [c for _, c in applied], now)
         await self._learn_pauses(conn, applied, now)
         # Pollers to wake: of steps back in the queue, and of capped tools that freed a slot.
         catalog = self._registry.catalog
@@ -449,7 +461,7 @@ class DispatchService:
                     executor_id=executor_id,
                 )
             )
-        return acks, requeued
+        return acks, requeued, opened
 
     async def _reject(
         self,
@@ -536,6 +548,38 @@ class DispatchService:
                 extra={"event": "schedule_to_start_expired"},
             )
         return expired
+
+    async def fail_fast_open(self, *, limit: int = 500) -> int:
+        """End the queued steps of tools whose breaker is open and set to fail fast."""
+        now = datetime.now(UTC)
+        guarded = {
+            t.name: t.breaker
+            for t in self._registry.catalog.values()
+            if t.breaker is not None and t.breaker.while_open == "fail_fast"
+        }
+        if not guarded:
+            return 0
+        async with self._db.transaction() as conn:
+            states = await store.load_breakers(conn, guarded)
+            shut = sorted(
+                name
+                for name, policy in guarded.items()
+                if breakers.admission(states.get(name), policy, now) == 0
+            )
+            queued = await store.queued_steps_of(conn, shut, limit=limit) if shut else []
+        ended = await self._settle(
+            queued,
+            now=now,
+            due=lambda s: s.status is StepStatus.READY and s.tool in shut,
+            decide=breaker_open,
+        )
+        if ended:
+            log.warning(
+                "%d queued steps failed fast: their tool's circuit breaker is open",
+                ended,
+                extra={"event": "breaker_fail_fast"},
+            )
+        return ended
 
     async def _settle(
         self,

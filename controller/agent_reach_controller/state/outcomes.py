@@ -281,17 +281,29 @@ def start_by(step: StepRow, tool: ToolSpec, due: datetime) -> datetime | None:
 def not_started(step: StepRow, ctx: Decision) -> StepChange:
     """A queued attempt no executor took within its `schedule_to_start`: fail, or fall back."""
     limit = Timeouts.effective(ctx.tool, step.timeouts).schedule_to_start
-    error = {
-        "code": ErrorCode.TIMEOUT.value,
-        "message": f"{step.tool} was not started within {limit:g}s of being queued "
-        f"(schedule_to_start): no executor for connector {step.connector!r} took it",
-        "retryable": False,
-    }
+    message = (
+        f"{step.tool} was not started within {limit:g}s of being queued "
+        f"(schedule_to_start): no executor for connector {step.connector!r} took it"
+    )
+    return _give_up(step, ctx, ErrorCode.TIMEOUT, message)
+
+
+def breaker_open(step: StepRow, ctx: Decision) -> StepChange:
+    """A queued step of a tool whose breaker is open and set to fail fast: fail, or fall back."""
+    message = (
+        f"{step.tool} was not called: its downstream has been failing and its circuit "
+        "breaker is open"
+    )
+    return _give_up(step, ctx, ErrorCode.CIRCUIT_OPEN, message)
+
+
+def _give_up(step: StepRow, ctx: Decision, code: ErrorCode, message: str) -> StepChange:
+    error = {"code": code.value, "message": message, "retryable": False}
     values = terminal_values(
-        step, tool=ctx.tool, transition=Transition.EXPIRE, now=ctx.now, error=error
+        step, tool=ctx.tool, transition=Transition.GIVE_UP, now=ctx.now, error=error
     )
     change = StepChange(
-        step=step, transition=Transition.EXPIRE, values=values, event_data={"error": error}
+        step=step, transition=Transition.GIVE_UP, values=values, event_data={"error": error}
     )
     return _or_fallback(change, ctx)
 
@@ -321,7 +333,7 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     Not after a spent budget or deadline (a fallback is one more attempt), and not when the
     arguments do not fit the fallback's schema.
     """
-    if change.transition not in (Transition.FAIL, Transition.EXPIRE) or ctx.tool.fallback is None:
+    if change.transition not in (Transition.FAIL, Transition.GIVE_UP) or ctx.tool.fallback is None:
         return change
     error = change.values.get("error") or {}
     if (change.event_data or {}).get("final"):

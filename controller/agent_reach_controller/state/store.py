@@ -540,6 +540,17 @@ async def _lease(
     return claimed
 
 
+async def queued_steps_of(conn: AsyncConnection, tools: Sequence[str], *, limit: int) -> list[int]:
+    """Queued (ready) steps of these tools, oldest first."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(steps.c.status == StepStatus.READY, steps.c.tool.in_(list(tools)))
+        .order_by(steps.c.id)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
 async def unstarted_steps(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
     """Queued steps past their `start_by`, oldest first (the sweep's partial index)."""
     rows = await conn.execute(

@@ -97,6 +97,9 @@ class BreakerPolicy(BaseModel):
     window: Seconds = 60.0
     cooldown: Seconds = 30.0
     probes: int = Field(default=1, ge=1)
+    # While open: "defer" keeps the tool's queued steps waiting for it to close; "fail_fast"
+    # ends them at once (circuit_open), each going to its fallback when the tool has one.
+    while_open: Literal["defer", "fail_fast"] = "defer"
 
 
 class RateLimit(BaseModel):
