@@ -253,6 +253,20 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "Extra inputs",
     ),
     (
+        "plan priority out of range",
+        {"steps": [WEATHER], "priority": 5000},
+        "/priority",
+        "invalid_type",
+        "from -1000 to 1000",
+    ),
+    (
+        "step priority not an integer",
+        {"steps": [{**WEATHER, "priority": "high"}]},
+        "/steps/0/priority",
+        "invalid_type",
+        "a priority must be an integer",
+    ),
+    (
         "timeouts not an object",
         {"steps": [{**WEATHER, "timeouts": 5}]},
         "/steps/0/timeouts",

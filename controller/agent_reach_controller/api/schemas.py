@@ -22,6 +22,28 @@ class StepIn(BaseModel):
     retry: dict[str, Any] | None = Field(
         None, description="Overrides of the tool's retry policy for this step, field by field"
     )
+    timeouts: TimeoutsIn | None = Field(
+        None, description="This step's own timeouts, each replacing the tool's"
+    )
+    priority: int | None = Field(
+        None, ge=-1000, le=1000, description="Dispatch priority (higher first); default the plan's"
+    )
+
+
+class TimeoutsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    timeout: float | str | None = Field(
+        None, description="start_to_close of one attempt: seconds or e.g. '30s'"
+    )
+    schedule_to_start: float | str | None = Field(
+        None, description="Longest wait in the queue for an executor, per attempt"
+    )
+    schedule_to_close: float | str | None = Field(
+        None, description="The whole step, retries and waits included"
+    )
+    heartbeat: float | str | None = Field(
+        None, description="Longest silence of a running call before it is stopped as hung"
+    )
 
 
 class BudgetIn(BaseModel):
@@ -40,6 +62,9 @@ class PlanIn(BaseModel):
         None, gt=0, description="End the task, with receipts, this long after it is accepted"
     )
     budget: BudgetIn | None = None
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="Dispatch priority of the steps (higher first)"
+    )
 
 
 class FunctionCallIn(BaseModel):
@@ -59,6 +84,7 @@ class ToolCallsIn(BaseModel):
     context: dict[str, Any] = Field(default_factory=dict)
     deadline_seconds: float | None = Field(None, gt=0)
     budget: BudgetIn | None = None
+    priority: int = Field(0, ge=-1000, le=1000)
 
 
 class TaskAccepted(BaseModel):

@@ -120,6 +120,9 @@ steps = sa.Table(
     sa.Column("timeouts", Json),
     # When a queued attempt fails for want of an executor (schedule_to_start); NULL: never.
     sa.Column("start_by", UtcDateTime()),
+    # Dispatch order: higher priority first; within a priority, submitters take turns.
+    sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("principal", sa.String(128), nullable=False, server_default="anonymous"),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
@@ -136,6 +139,15 @@ steps = sa.Table(
     sa.Index(
         "ix_steps_ready",
         "connector",
+        "id",
+        postgresql_where=sa.text("status = 'ready'"),
+        sqlite_where=sa.text("status = 'ready'"),
+    ),
+    # Fair claims: each submitter's queued steps in dispatch order, and the distinct submitters.
+    sa.Index(
+        "ix_steps_ready_fair",
+        "principal",
+        sa.text("priority DESC"),
         "id",
         postgresql_where=sa.text("status = 'ready'"),
         sqlite_where=sa.text("status = 'ready'"),

@@ -36,6 +36,7 @@ from agent_reach_controller.planning.shapes import (
     read_context,
     read_deadline,
     read_goal,
+    read_priority,
 )
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolCatalog, ToolSpec
 
@@ -64,6 +65,7 @@ class PlannedStep:
     position: int
     retry: RetryPolicy | None = None  # the tool's policy with this step's overrides
     timeouts: Timeouts | None = None  # the step's own timeouts, each replacing the tool's
+    priority: int = 0  # higher is dispatched first; the plan's unless the step sets its own
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +227,11 @@ def _step_timeouts(draft: StepDraft, out: ProblemCollector) -> Timeouts | None:
 
 
 def _planned(
-    draft: StepDraft, spec: ToolSpec, retry: RetryPolicy | None, timeouts: Timeouts | None
+    draft: StepDraft,
+    spec: ToolSpec,
+    retry: RetryPolicy | None,
+    timeouts: Timeouts | None,
+    priority: int,
 ) -> PlannedStep:
     assert draft.step_id is not None
     assert draft.args is not None
@@ -239,6 +245,7 @@ def _planned(
         position=draft.position,
         retry=retry,
         timeouts=timeouts,
+        priority=draft.priority if draft.priority is not None else priority,
     )
 
 
@@ -253,6 +260,11 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
     context = read_context(body, limits, out)
     deadline_s = read_deadline(body, out)
     max_attempts = read_budget(body, out)
+    priority = (
+        read_priority(body["priority"], "/priority", out)
+        if isinstance(body, dict) and body.get("priority") is not None
+        else None
+    )
     _check_ids(drafts, out)
     ids = {d.step_id for d in drafts if d.step_id is not None}
     nodes = [
@@ -272,7 +284,7 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
     if out.items:
         raise PlanInvalidError(out.items)
     steps = tuple(
-        _planned(d, s, r, t)
+        _planned(d, s, r, t, priority or 0)
         for d, s, r, t in zip(drafts, specs, retries, timeouts, strict=True)
         if s is not None
     )

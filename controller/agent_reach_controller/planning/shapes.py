@@ -10,9 +10,13 @@ from agent_reach_controller.planning.limits import PlanLimits, check_size, check
 from agent_reach_controller.planning.problems import ProblemCode, ProblemCollector, pointer_join
 
 P = ProblemCode
-_PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget"})
-_STEP_KEYS = frozenset({"step_id", "tool", "args", "depends_on", "when", "retry", "timeouts"})
-_OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget"})
+_PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget", "priority"})
+_STEP_KEYS = frozenset(
+    {"step_id", "tool", "args", "depends_on", "when", "retry", "timeouts", "priority"}
+)
+_OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget", "priority"})
+# Higher runs first; the same range for a plan's default and a step's own.
+PRIORITY_RANGE = (-1000, 1000)
 # The longest deadline a task may ask for: 30 days.
 MAX_DEADLINE_S = 30 * 24 * 3600.0
 _CALL_KEYS = frozenset({"id", "type", "function"})
@@ -32,6 +36,7 @@ class StepDraft:
     when: str | None = None
     retry: dict[str, Any] | None = None
     timeouts: dict[str, Any] | None = None
+    priority: int | None = None
     pointers: dict[str, str] = field(default_factory=dict)
     args_addressable: bool = True
 
@@ -97,6 +102,8 @@ def _parse_step(raw: Any, position: int, out: ProblemCollector) -> StepDraft | N
                 )
     if raw.get("retry") is not None:
         draft.retry = _object(raw["retry"], ptr["retry"], "'retry'", out)
+    if raw.get("priority") is not None:
+        draft.priority = read_priority(raw["priority"], ptr["priority"], out)
     if raw.get("timeouts") is not None:
         draft.timeouts = _object(raw["timeouts"], ptr["timeouts"], "'timeouts'", out)
     if raw.get("when") is not None:
@@ -225,6 +232,15 @@ def read_deadline(body: Any, out: ProblemCollector) -> float | None:
         )
         return None
     return float(value)
+
+
+def read_priority(value: Any, pointer: str, out: ProblemCollector) -> int | None:
+    """A priority: an integer in PRIORITY_RANGE (higher is dispatched first)."""
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        out.add(pointer, P.INVALID_TYPE, f"a priority must be an integer from {low} to {high}")
+        return None
+    return value
 
 
 def read_budget(body: Any, out: ProblemCollector) -> int | None:

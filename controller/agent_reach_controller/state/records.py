@@ -43,6 +43,8 @@ class StepRow:
     rate_key: str | None = None
     timeouts: dict[str, Any] | None = None
     start_by: datetime | None = None
+    priority: int = 0
+    principal: str = "anonymous"
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:

@@ -422,30 +422,101 @@ class ClaimInput:
     lease_expires_at: datetime
 
 
-def _ready_ids(claim: ClaimInput) -> sa.Select[tuple[int]]:
-    """Due ready steps of these connectors, oldest first, skipping rows other claimers hold."""
-    return (
-        sa.select(steps.c.id)
+# Fair order on Postgres in one statement. `owners` walks the distinct submitters with queued
+# steps through the fair index (a loose index scan: one probe per submitter, however long their
+# queues); each then gives its first `limit` due steps (LATERAL, same index); the outer query
+# deals them out: priority first, then one step per submitter in turn, oldest first.
+_FAIR_ORDER = sa.text(
+    """
+WITH RECURSIVE owners(p) AS (
+    (SELECT principal FROM steps WHERE status = 'ready' ORDER BY principal LIMIT 1)
+    UNION ALL
+    SELECT (SELECT principal FROM steps
+            WHERE status = 'ready' AND principal > owners.p ORDER BY principal LIMIT 1)
+    FROM owners WHERE owners.p IS NOT NULL
+)
+SELECT q.id FROM (
+    SELECT s.id, s.priority,
+           row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
+    FROM owners o, LATERAL (
+        SELECT id, priority FROM steps
+        WHERE status = 'ready' AND principal = o.p
+          AND connector = ANY(:connectors) AND tool <> ALL(:skip)
+          AND (not_before IS NULL OR not_before <= :now)
+        ORDER BY priority DESC, id
+        LIMIT :limit
+    ) s
+    WHERE o.p IS NOT NULL
+) q
+ORDER BY q.priority DESC, q.turn, q.id
+LIMIT :limit
+"""
+).bindparams(
+    sa.bindparam("connectors", type_=postgresql.ARRAY(sa.String())),
+    sa.bindparam("skip", type_=postgresql.ARRAY(sa.String())),
+    sa.bindparam("now", type_=UtcDateTime()),
+)
+
+
+async def fair_order(
+    conn: AsyncConnection, claim: ClaimInput, *, skip_tools: Sequence[str] = ()
+) -> list[int]:
+    """Up to `limit` due ready steps in dispatch order, not yet locked.
+
+    Higher priority first; within a priority, submitters take turns, each oldest first, so
+    one submitter's burst of thousands of steps does not starve another's single step.
+    """
+    if conn.dialect.name == "postgresql":
+        rows = await conn.execute(
+            _FAIR_ORDER,
+            {
+                "connectors": list(claim.connectors),
+                "skip": list(skip_tools),
+                "now": claim.now,
+                "limit": claim.limit,
+            },
+        )
+        return [key for (key,) in rows.all()]
+    turn = sa.func.row_number().over(
+        partition_by=steps.c.principal, order_by=(steps.c.priority.desc(), steps.c.id)
+    )
+    due = (
+        sa.select(steps.c.id, steps.c.priority, turn.label("turn"))
         .where(
             steps.c.status.in_(sources(Transition.LEASE)),
             steps.c.connector.in_(list(claim.connectors)),
             sa.or_(steps.c.not_before.is_(None), steps.c.not_before <= claim.now),
+            steps.c.tool.not_in(list(skip_tools)),
         )
-        .order_by(steps.c.id)
-        .limit(claim.limit)
+        .subquery()
+    )
+    rows = await conn.execute(
+        sa.select(due.c.id).order_by(due.c.priority.desc(), due.c.turn, due.c.id).limit(claim.limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
+def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
+    """These steps if still queued, locked; rows another claimer holds are skipped."""
+    return (
+        sa.select(steps.c.id)
+        .where(steps.c.id.in_(list(keys)), steps.c.status.in_(sources(Transition.LEASE)))
         .with_for_update(skip_locked=True)
     )
 
 
 async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
-    """Lease up to `limit` due ready steps to an executor (FOR UPDATE SKIP LOCKED on Postgres).
+    """Lease up to `limit` due ready steps to an executor, in fair order.
 
     The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit.
     """
-    # Materialized: an IN (SELECT … LIMIT … SKIP LOCKED) subquery may be evaluated more than
-    # once by the planner and lease more rows than the limit.
-    ready = _ready_ids(claim).cte("picked").prefix_with("MATERIALIZED")
-    return await _lease(conn, steps.c.id == ready.c.id, claim)
+    keys = await fair_order(conn, claim)
+    if not keys:
+        return []
+    # Materialized: an IN (SELECT … SKIP LOCKED) subquery may be evaluated more than once by
+    # the planner and lease rows it did not lock.
+    picked = _lockable(keys).cte("picked").prefix_with("MATERIALIZED")
+    return await _lease(conn, steps.c.id == picked.c.id, claim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,11 +529,13 @@ class Candidate:
 async def pick_ready(
     conn: AsyncConnection, claim: ClaimInput, *, skip_tools: Sequence[str] = ()
 ) -> list[Candidate]:
-    """Due ready steps to consider for a lease, locked (SKIP LOCKED) until the transaction ends."""
-    query = _ready_ids(claim).add_columns(steps.c.tool, steps.c.rate_key)
-    if skip_tools:
-        query = query.where(steps.c.tool.not_in(list(skip_tools)))
-    return [Candidate(*row) for row in (await conn.execute(query)).all()]
+    """Due ready steps to consider for a lease, in fair order, locked until the transaction ends."""
+    keys = await fair_order(conn, claim, skip_tools=skip_tools)
+    if not keys:
+        return []
+    query = _lockable(keys).add_columns(steps.c.tool, steps.c.rate_key)
+    found = {row[0]: Candidate(*row) for row in (await conn.execute(query)).all()}
+    return [found[key] for key in keys if key in found]
 
 
 async def lease_steps(

@@ -149,7 +149,8 @@ class TaskService:
             row = _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
             await store.insert_task(conn, row)
             steps = await store.insert_steps(
-                conn, _step_rows(data.plan, task_id, trace_id, now, self._registry)
+                conn,
+                _step_rows(data.plan, task_id, trace_id, now, self._registry, data.principal),
             )
             await store.append_events(
                 conn,
@@ -446,7 +447,12 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
 
 
 def _step_rows(
-    plan: Plan, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
+    plan: Plan,
+    task_id: str,
+    trace_id: str,
+    now: datetime,
+    registry: ToolRegistry,
+    principal: str,
 ) -> list[dict[str, Any]]:
     rows = []
     for step in plan.steps:
@@ -464,6 +470,8 @@ def _step_rows(
                 "depends_on": list(step.depends_on),
                 "when_expr": step.when,
                 "status": StepStatus.BLOCKED,
+                "priority": step.priority,
+                "principal": principal,
                 "attempt": 1,
                 "max_attempts": (step.retry or tool.retry).maximum_attempts,
                 "retry": step.retry.model_dump(mode="json") if step.retry else None,
