@@ -52,3 +52,33 @@ async def test_cap_holds_across_two_controllers(postgres_url: str, tmp_path: Pat
         )
         capped = [s for batch in claims for s in batch if s.tool == "bank.transfer"]
         assert len(capped) == 2
+
+
+PER_ACCOUNT = {
+    "name": "acct.write",
+    "description": "One write at a time per account.",
+    "connector": "echo",
+    "concurrency_per_key": {"limit": 1, "key": "args.account"},
+}
+
+
+async def test_a_key_at_its_cap_waits_while_other_keys_run(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path, [*TOOLS, PER_ACCOUNT])) as c:
+        body = {
+            "steps": [
+                {"step_id": f"{who}{i}", "tool": "acct.write", "args": {"account": who}}
+                for who in ("a", "b")
+                for i in range(3)
+            ]
+            + [{"step_id": "free", "tool": "echo.say", "args": {}}]
+        }
+        await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert sorted(s.step_id for s in first) == ["a0", "b0", "free"]
+        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        a0 = next(s for s in first if s.step_id == "a0")
+        await c.dispatch.report(executor_id="x", results=[ok(a0, {})])
+        [after] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert after.step_id == "a1"

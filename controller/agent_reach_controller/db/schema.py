@@ -116,6 +116,8 @@ steps = sa.Table(
     sa.Column("fallback_from", sa.String(128)),
     # Digest of the tool's rate-limit key value for this step's arguments; NULL: the tool's bucket.
     sa.Column("rate_key", sa.String(32)),
+    # Digest of the tool's concurrency_per_key value for this step's arguments; NULL: none.
+    sa.Column("concurrency_key", sa.String(32)),
     # The step's own timeouts (overriding the tool's); NULL: the tool's.
     sa.Column("timeouts", Json),
     # When a queued attempt fails for want of an executor (schedule_to_start); NULL: never.

@@ -76,14 +76,26 @@ def key_digest(value: Any) -> str:
 
 
 def step_key(tool: ToolSpec, args: Any) -> str | None:
-    """The digest a step's arguments give under its tool's rate-limit key; None when unkeyed.
-
-    Arguments the expression cannot read (a missing field) all share the bucket of `null`.
-    """
+    """The digest of a step's rate-limit key value; None when the tool's limit is unkeyed."""
     if tool.rate_limit is None or tool.rate_limit.key is None:
         return None
+    return key_of(tool.rate_limit.key, args)
+
+
+def concurrency_key(tool: ToolSpec, args: Any) -> str | None:
+    """The digest of a step's `concurrency_per_key` key value; None when the tool has none."""
+    if tool.concurrency_per_key is None:
+        return None
+    return key_of(tool.concurrency_per_key.key, args)
+
+
+def key_of(expression: str, args: Any) -> str:
+    """The digest of a key expression's value over arguments.
+
+    Arguments the expression cannot read (a missing field) all share the key of `null`.
+    """
     try:
-        value = evaluate_key(tool.rate_limit.key, args if isinstance(args, dict) else {})
+        value = evaluate_key(expression, args if isinstance(args, dict) else {})
     except ConditionError:
         value = None
     return key_digest(value)

@@ -9,7 +9,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
-from agent_reach_controller.flow.ratelimits import step_key
+from agent_reach_controller.flow.ratelimits import concurrency_key, step_key
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
@@ -105,6 +105,8 @@ def _unblock(
         values["start_by"] = due
     if tool.rate_limit is not None and tool.rate_limit.key is not None:
         values["rate_key"] = step_key(tool, resolved)
+    if tool.concurrency_per_key is not None:
+        values["concurrency_key"] = concurrency_key(tool, resolved)
     return StepChange(step=step, transition=Transition.UNBLOCK, values=values)
 
 

@@ -61,6 +61,20 @@ class HeartbeatOutcome:
     expires_at: datetime
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Governance:
+    """What limits a claim: paused tools, caps per tool and per key value, rate limits."""
+
+    pauses: dict[str, datetime]
+    caps: dict[str, int]
+    per_key: dict[str, int]
+    rates: dict[str, Rate]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.pauses or self.caps or self.per_key or self.rates)
+
+
 @dataclass(slots=True)
 class DispatchCounters:
     leased: int = 0
@@ -248,20 +262,15 @@ class DispatchService:
             lease_expires_at=now + self.timings.lease,
         )
         async with self._db.transaction() as conn:
-            pauses = await self._pauses(conn, connectors, now)
-            caps = await self._caps(conn, connectors, now)
-            rates = {
-                t.name: Rate.of(t.rate_limit)
-                for t in self._registry.catalog.values()
-                if t.rate_limit is not None and t.connector in connectors
-            }
-            if pauses or caps or rates:
-                claimed = await self._claim_governed(conn, claim, pauses, caps, rates)
+            rules = await self._governance(conn, connectors, now)
+            if rules.active:
+                claimed = await self._claim_governed(conn, claim, rules)
             else:
                 claimed = await store.claim_ready(conn, claim)
             if not claimed:
                 due = await store.next_due(conn, connectors, now=now)
-                return [], min([due, *pauses.values()] if due else pauses.values(), default=None)
+                paused = rules.pauses.values()
+                return [], min([due, *paused] if due else paused, default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
@@ -279,35 +288,50 @@ class DispatchService:
             if tool in catalog and catalog[tool].connector in connectors
         }
 
+    async def _governance(
+        self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
+    ) -> Governance:
+        """What limits the next lease of these connectors' tools."""
+        tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
+        return Governance(
+            pauses=await self._pauses(conn, connectors, now),
+            caps=await self._caps(conn, connectors, now),
+            per_key={t.name: t.concurrency_per_key.limit for t in tools if t.concurrency_per_key},
+            rates={t.name: Rate.of(t.rate_limit) for t in tools if t.rate_limit is not None},
+        )
+
     async def _claim_governed(
-        self,
-        conn: AsyncConnection,
-        claim: store.ClaimInput,
-        pauses: dict[str, datetime],
-        caps: dict[str, int],
-        rates: dict[str, Rate],
+        self, conn: AsyncConnection, claim: store.ClaimInput, rules: Governance
     ) -> list[StepRow]:
         """Lease within concurrency caps and rate limits; defer steps a bucket refuses.
 
         A refused step gets a durable `not_before` at the time its bucket will admit it (the
         n-th refused step of a bucket one interval later than the (n-1)-th), so it waits in
-        the queue without holding an executor slot, and pollers wake when it is due.
+        the queue without holding an executor slot, and pollers wake when it is due. A step
+        whose tool or key is at its cap stays queued, and a finishing step wakes the pollers.
         """
-        free = await store.room(conn, caps) if caps else {}
-        skip = sorted({*pauses, *(tool for tool, left in free.items() if left <= 0)})
+        free, free_keys = await store.room(conn, rules.caps, rules.per_key)
+        skip = sorted({*rules.pauses, *(tool for tool, left in free.items() if left <= 0)})
+        full_keys = sorted(key for key, left in free_keys.items() if left <= 0)
         picked: list[int] = []
         limited: list[tuple[int, str, Rate]] = []
-        for candidate in await store.pick_ready(conn, claim, skip_tools=skip):
-            if candidate.tool in free:
-                if free[candidate.tool] <= 0:
-                    continue
-                free[candidate.tool] -= 1
-            rate = rates.get(candidate.tool)
+        candidates = await store.pick_ready(conn, claim, skip_tools=skip, skip_keys=full_keys)
+        for candidate in candidates:
+            tool = candidate.tool
+            if free.get(tool, 1) <= 0:
+                continue
+            held = store.held_key(tool, candidate.concurrency_key)
+            if tool in rules.per_key and free_keys.get(held, rules.per_key[tool]) <= 0:
+                continue
+            if tool in free:
+                free[tool] -= 1
+            if tool in rules.per_key:
+                free_keys[held] = free_keys.get(held, rules.per_key[tool]) - 1
+            rate = rules.rates.get(tool)
             if rate is None:
                 picked.append(candidate.key)
             else:
-                bucket = bucket_key(candidate.tool, candidate.rate_key)
-                limited.append((candidate.key, bucket, rate))
+                limited.append((candidate.key, bucket_key(tool, candidate.rate_key), rate))
         if limited:
             waits = await self._limiter.acquire(
                 conn, [(bucket, rate) for _, bucket, rate in limited], claim.now.timestamp()
@@ -443,7 +467,10 @@ class DispatchService:
             c.values.get("connector", c.step.connector)
             for _, c in applied
             if c.transition is Transition.RETRY
-            or ((spec := catalog.get(c.step.tool)) is not None and spec.concurrency is not None)
+            or (
+                (spec := catalog.get(c.step.tool)) is not None
+                and (spec.concurrency is not None or spec.concurrency_per_key is not None)
+            )
         }
         acks = []
         for result, change, reason in decided:

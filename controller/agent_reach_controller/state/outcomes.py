@@ -10,7 +10,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
-from agent_reach_controller.flow.ratelimits import step_key
+from agent_reach_controller.flow.ratelimits import concurrency_key, step_key
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
 from agent_reach_controller.state.records import StepChange, StepRow
@@ -358,6 +358,7 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
             "connector": fallback.connector,
             "fallback_from": step.fallback_from or step.tool,
             "rate_key": step_key(fallback, args),
+            "concurrency_key": concurrency_key(fallback, args),
             "retry": None,
             "attempt": step.attempt + 1,
             "max_attempts": step.attempt + fallback.retry.maximum_attempts,

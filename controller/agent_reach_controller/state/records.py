@@ -41,6 +41,7 @@ class StepRow:
     retry: dict[str, Any] | None = None
     fallback_from: str | None = None
     rate_key: str | None = None
+    concurrency_key: str | None = None
     timeouts: dict[str, Any] | None = None
     start_by: datetime | None = None
     priority: int = 0

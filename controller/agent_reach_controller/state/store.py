@@ -442,6 +442,7 @@ SELECT q.id FROM (
         SELECT id, priority FROM steps
         WHERE status = 'ready' AND principal = o.p
           AND connector = ANY(:connectors) AND tool <> ALL(:skip)
+          AND tool || ':' || coalesce(concurrency_key, '') <> ALL(:skip_keys)
           AND (not_before IS NULL OR not_before <= :now)
         ORDER BY priority DESC, id
         LIMIT :limit
@@ -454,12 +455,22 @@ LIMIT :limit
 ).bindparams(
     sa.bindparam("connectors", type_=postgresql.ARRAY(sa.String())),
     sa.bindparam("skip", type_=postgresql.ARRAY(sa.String())),
+    sa.bindparam("skip_keys", type_=postgresql.ARRAY(sa.String())),
     sa.bindparam("now", type_=UtcDateTime()),
 )
 
 
+def held_key(tool: str, key: str | None) -> str:
+    """How `fair_order` names one key value of a tool (a `skip_keys` entry)."""
+    return f"{tool}:{key or ''}"
+
+
 async def fair_order(
-    conn: AsyncConnection, claim: ClaimInput, *, skip_tools: Sequence[str] = ()
+    conn: AsyncConnection,
+    claim: ClaimInput,
+    *,
+    skip_tools: Sequence[str] = (),
+    skip_keys: Sequence[str] = (),
 ) -> list[int]:
     """Up to `limit` due ready steps in dispatch order, not yet locked.
 
@@ -472,6 +483,7 @@ async def fair_order(
             {
                 "connectors": list(claim.connectors),
                 "skip": list(skip_tools),
+                "skip_keys": list(skip_keys),
                 "now": claim.now,
                 "limit": claim.limit,
             },
@@ -487,6 +499,9 @@ async def fair_order(
             steps.c.connector.in_(list(claim.connectors)),
             sa.or_(steps.c.not_before.is_(None), steps.c.not_before <= claim.now),
             steps.c.tool.not_in(list(skip_tools)),
+            (steps.c.tool + ":" + sa.func.coalesce(steps.c.concurrency_key, "")).not_in(
+                list(skip_keys)
+            ),
         )
         .subquery()
     )
@@ -524,16 +539,21 @@ class Candidate:
     key: int
     tool: str
     rate_key: str | None
+    concurrency_key: str | None
 
 
 async def pick_ready(
-    conn: AsyncConnection, claim: ClaimInput, *, skip_tools: Sequence[str] = ()
+    conn: AsyncConnection,
+    claim: ClaimInput,
+    *,
+    skip_tools: Sequence[str] = (),
+    skip_keys: Sequence[str] = (),
 ) -> list[Candidate]:
     """Due ready steps to consider for a lease, in fair order, locked until the transaction ends."""
-    keys = await fair_order(conn, claim, skip_tools=skip_tools)
+    keys = await fair_order(conn, claim, skip_tools=skip_tools, skip_keys=skip_keys)
     if not keys:
         return []
-    query = _lockable(keys).add_columns(steps.c.tool, steps.c.rate_key)
+    query = _lockable(keys).add_columns(steps.c.tool, steps.c.rate_key, steps.c.concurrency_key)
     found = {row[0]: Candidate(*row) for row in (await conn.execute(query)).all()}
     return [found[key] for key in keys if key in found]
 
@@ -557,18 +577,40 @@ async def defer_steps(conn: AsyncConnection, due: Mapping[int, datetime]) -> Non
     )
 
 
-async def room(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
-    """Free slots per capped tool, under each tool's advisory lock (taken in name order).
+async def room(
+    conn: AsyncConnection, concurrency: Mapping[str, int], per_key: Mapping[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Free slots per capped tool, and per key value (`held_key`) of tools capped per key.
 
-    The locks are transaction-scoped, so two replicas never both see room for the same last slot.
+    Counted under each tool's advisory lock (taken in name order, transaction-scoped), so two
+    replicas never both see room for the same last slot.
     """
-    tools = sorted(concurrency)
+    await _lock_caps(conn, sorted({*concurrency, *per_key}))
+    free = await _free_per_tool(conn, concurrency)
+    if not per_key:
+        return free, {}
+    rows = await conn.execute(
+        sa.select(steps.c.tool, steps.c.concurrency_key, sa.func.count())
+        .where(steps.c.status == StepStatus.RUNNING, steps.c.tool.in_(list(per_key)))
+        .group_by(steps.c.tool, steps.c.concurrency_key)
+    )
+    free_keys = {held_key(tool, key): per_key[tool] - int(n) for tool, key, n in rows.all()}
+    return free, free_keys
+
+
+async def _lock_caps(conn: AsyncConnection, tools: Sequence[str]) -> None:
     if conn.dialect.name == "postgresql":
         for tool in tools:
             await conn.execute(
                 sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
                 {"key": f"agent_reach:v1:concurrency:{tool}"},
             )
+
+
+async def _free_per_tool(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
+    tools = sorted(concurrency)
+    if not tools:
+        return {}
     rows = await conn.execute(
         sa.select(steps.c.tool, sa.func.count())
         .where(steps.c.status == StepStatus.RUNNING, steps.c.tool.in_(tools))

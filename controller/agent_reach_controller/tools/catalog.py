@@ -122,13 +122,30 @@ class RateLimit(BaseModel):
     @field_validator("key")
     @classmethod
     def _key_compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                cel.compile(value)
-            except Exception as exc:  # the Rust binding raises ValueError, and others on odd input
-                message = str(exc).replace("\n", " ").strip()
-                raise ValueError(f"key does not compile as CEL: {message}") from None
-        return value
+        return None if value is None else _cel_key(value)
+
+
+class KeyedLimit(BaseModel):
+    """At most `limit` steps running at once for each value of `key` (CEL over `args`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    limit: int = Field(ge=1)
+    key: str = Field(min_length=1, max_length=500)
+
+    @field_validator("key")
+    @classmethod
+    def _key_compiles(cls, value: str) -> str:
+        return _cel_key(value)
+
+
+def _cel_key(value: str) -> str:
+    try:
+        cel.compile(value)
+    except Exception as exc:  # the Rust binding raises ValueError, and others on odd input
+        message = str(exc).replace("\n", " ").strip()
+        raise ValueError(f"key does not compile as CEL: {message}") from None
+    return value
 
 
 class Timeouts(BaseModel):
@@ -208,6 +225,8 @@ class ToolSpec(BaseModel):
     fallback: str | None = None
     # The most steps of this tool running at once, across every controller and executor.
     concurrency: int | None = Field(None, ge=1)
+    # The most steps running at once for each value of a key, e.g. per customer account.
+    concurrency_per_key: KeyedLimit | None = None
     # A circuit breaker shared by every replica; None: no breaker.
     breaker: BreakerPolicy | None = None
     # Calls per second across every replica, enforced when steps are leased; None: no limit.
