@@ -224,3 +224,45 @@ async def test_postgres_decides_while_redis_is_down(postgres_url: str) -> None:
     finally:
         await limiter.close()
         await db.close()
+
+
+async def test_retry_after_is_honoured_up_to_the_tools_cap(sqlite_url: str, tmp_path: Path) -> None:
+    capped = {
+        "name": "slow.down",
+        "description": "Asks for long waits.",
+        "connector": "echo",
+        "retry": {
+            "initial_interval": "10ms",
+            "maximum_interval": "10ms",
+            "maximum_attempts": 5,
+            "maximum_retry_after": "3s",
+        },
+    }
+    async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, capped])) as c:
+        task_id = await submit(
+            c, [{"step_id": f"s{i}", "tool": "slow.down", "args": {}} for i in range(2)]
+        )
+        first, second = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=2)
+        asked = {first.step_id: 1.5, second.step_id: 10_000.0}
+        before = time.time()
+        await c.dispatch.report(
+            executor_id="x",
+            results=[
+                AttemptResult(
+                    step_key=s.id,
+                    attempt=1,
+                    error=AttemptError(
+                        code="downstream_unavailable",
+                        message="503",
+                        retryable=True,
+                        retry_after_s=asked[s.step_id],
+                    ),
+                )
+                for s in (first, second)
+            ],
+        )
+        view = await c.tasks.get(task_id)
+        assert view is not None
+        waits = {s.step_id: s.not_before.timestamp() - before for s in view.steps if s.not_before}
+        assert 1.5 <= waits[first.step_id] < 1.5 + 0.5  # honoured
+        assert 3.0 <= waits[second.step_id] < 3.0 + 0.5  # capped by maximum_retry_after

@@ -193,7 +193,8 @@ class DispatchService:
         """A downstream that said "slow down" holds back every step of its tool, not just one."""
         longest: dict[str, float] = {}
         for result, change in applied:
-            wait = result.hold_back()
+            spec = self._registry.get(change.step.tool, change.step.tool_version)
+            wait = result.hold_back(spec.retry.maximum_retry_after)
             if wait > 0:
                 longest[change.step.tool] = max(wait, longest.get(change.step.tool, 0.0))
         for tool, wait in sorted(longest.items()):

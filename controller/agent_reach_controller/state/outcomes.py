@@ -16,9 +16,6 @@ from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, 
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolSpec, backoff_delay
 
-# The longest Retry-After we honour; a downstream asking for more gets this.
-RETRY_AFTER_CAP_S = 300.0
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptError:
@@ -45,12 +42,12 @@ class AttemptResult:
     # Seconds the downstream asked every caller of the tool to hold back (its quota is spent).
     throttle_s: float = 0.0
 
-    def hold_back(self) -> float:
-        """How long this answer says the whole tool should wait, capped; 0.0 for not at all."""
+    def hold_back(self, cap: float) -> float:
+        """How long this answer says the whole tool should wait, at most `cap`; 0.0: not at all."""
         asked = self.throttle_s
         if self.error is not None and self.error.code == ErrorCode.RATE_LIMITED:
             asked = max(asked, self.error.retry_after_s)
-        return min(asked, RETRY_AFTER_CAP_S) if asked > 0 else 0.0  # NaN is not > 0
+        return min(asked, cap) if asked > 0 else 0.0  # NaN is not > 0
 
 
 def terminal_values(
@@ -176,7 +173,7 @@ def _decide_failure(step: StepRow, error: AttemptError, ctx: Decision) -> StepCh
     if retryable and step.attempt < step.max_attempts:
         delay = backoff_delay(policy, step.attempt, rng=ctx.rng)
         if error.retry_after_s > 0:
-            delay = max(delay, min(error.retry_after_s, RETRY_AFTER_CAP_S))
+            delay = max(delay, min(error.retry_after_s, policy.maximum_retry_after))
         close_by = closes_at(step, ctx.tool)
         if close_by is not None and ctx.now + timedelta(seconds=delay) >= close_by:
             return _out_of_time(step, error, tool=ctx.tool, now=ctx.now)

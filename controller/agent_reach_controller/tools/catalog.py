@@ -79,6 +79,8 @@ class RetryPolicy(BaseModel):
     maximum_attempts: int = Field(default=3, ge=1)
     non_retryable_error_types: list[str] = Field(default_factory=list)
     jitter: bool = True
+    # The longest Retry-After (or quota reset) honoured; a downstream asking for more gets this.
+    maximum_retry_after: Seconds = 300.0
 
     @model_validator(mode="after")
     def _interval_order(self) -> RetryPolicy:
