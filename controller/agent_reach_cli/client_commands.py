@@ -28,9 +28,11 @@ def _print(response: httpx.Response) -> int:
     return 0 if response.is_success else 1
 
 
-def _request(method: str, url: str, **kw: Any) -> httpx.Response | None:
+def _request(method: str, url: str, args: argparse.Namespace, **kw: Any) -> httpx.Response | None:
+    key = args.api_key or os.environ.get("AGENT_REACH_API_KEY")
+    headers = {**kw.pop("headers", {}), **({"Authorization": f"Bearer {key}"} if key else {})}
     try:
-        return httpx.request(method, url, timeout=kw.pop("timeout", 30.0), **kw)
+        return httpx.request(method, url, timeout=kw.pop("timeout", 30.0), headers=headers, **kw)
     except httpx.HTTPError as exc:
         print(f"reach: cannot reach the controller at {url}: {exc}", file=sys.stderr)
         return None
@@ -45,6 +47,7 @@ def submit(args: argparse.Namespace) -> int:
     response = _request(
         "POST",
         f"{_url(args)}/v1/tasks",
+        args,
         content=text,
         headers=headers,
         params=params,
@@ -54,12 +57,14 @@ def submit(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}")
+    response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}", args)
     return 2 if response is None else _print(response)
 
 
 def resolve(args: argparse.Namespace) -> int:
-    verdict: dict[str, Any] = {"action": args.action, "by": args.by, "reason": args.reason or ""}
+    verdict: dict[str, Any] = {"action": args.action, "reason": args.reason or ""}
+    if args.by:
+        verdict["by"] = args.by
     if args.output is not None:
         try:
             verdict["output"] = json.loads(args.output)
@@ -67,10 +72,10 @@ def resolve(args: argparse.Namespace) -> int:
             print("reach: --output must be JSON", file=sys.stderr)
             return 2
     url = f"{_url(args)}/v1/tasks/{args.task_id}/steps/{args.step_id}/resolve"
-    response = _request("POST", url, json=verdict)
+    response = _request("POST", url, args, json=verdict)
     return 2 if response is None else _print(response)
 
 
 def tools(args: argparse.Namespace) -> int:
-    response = _request("GET", f"{_url(args)}/v1/tools", params={"format": args.format})
+    response = _request("GET", f"{_url(args)}/v1/tools", args, params={"format": args.format})
     return 2 if response is None else _print(response)

@@ -116,9 +116,10 @@ def _describe(task: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def run_demo(base_url: str) -> None:
+async def run_demo(base_url: str, *, api_key: str) -> None:
     """Submit the plan for a rainy and a dry city, wait for each, and print what happened."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=headers) as client:
         for city in ("Wuhan", "Dubai"):
             response = await client.post("/v1/tasks", params={"wait": 30}, json=umbrella_plan(city))
             response.raise_for_status()
@@ -126,12 +127,15 @@ async def run_demo(base_url: str) -> None:
             print(_describe(response.json()), flush=True)
 
 
-def print_quick_start(base_url: str, *, demo_mode: bool) -> None:
+def print_quick_start(base_url: str, *, api_key: str, demo_mode: bool) -> None:
     plan = json.dumps(umbrella_plan("Wuhan"))
     print(
         f"\nAgent-Reach is up: REST {base_url} (OpenAPI at {base_url}/docs)\n"
+        f"A dev API key (tenant default, role admin), shown once:\n\n  {api_key}\n\n"
         "Submit a plan and wait up to 10 s for its receipts:\n\n"
+        f"  export AGENT_REACH_API_KEY={api_key}\n"
         f"  curl -s -X POST '{base_url}/v1/tasks?wait=10' -H 'Content-Type: application/json' \\\n"
+        '       -H "Authorization: Bearer $AGENT_REACH_API_KEY" \\\n'
         f"       -d '{plan}'\n\n"
         + ("" if demo_mode else "(start with --demo to get the demo tools)\n")
         + "Press Ctrl-C to stop.",

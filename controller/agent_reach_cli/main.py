@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent_reach_cli import client_commands, process_commands
+from agent_reach_cli import audit_commands, client_commands, key_commands, process_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -21,6 +21,9 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
     )
     p.add_argument("--database-url", help=f"postgresql://… or sqlite:///… ({env}DATABASE_URL)")
     p.add_argument("--redis-url", help=f"redis://… ({env}REDIS_URL)")
+    p.add_argument(
+        "--policy", help=f"permission matrix YAML (roles → tools → actions; {env}POLICY)"
+    )
     p.add_argument("--lease-seconds", type=float, help=f"step lease length ({env}LEASE_SECONDS)")
     p.add_argument("--ready-file", help="write the bound addresses here as JSON once listening")
     p.add_argument("--log-format", choices=["json", "text"], help=f"({env}LOG_FORMAT)")
@@ -63,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database-url", help="(AGENT_REACH_CONTROLLER_DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
     p.add_argument("--downgrade", action="store_true", help="move down to --revision")
+    audit_commands.add_parser(sub)
 
     for name, handler, help_ in (
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
@@ -74,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
         )
+        p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
         if name == "submit":
             p.add_argument("file")
             p.add_argument("--wait", type=float, default=0, help="seconds to wait for the end")
@@ -84,11 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("task_id")
             p.add_argument("step_id")
             p.add_argument("--action", required=True, choices=["retry", "succeeded", "failed"])
-            p.add_argument("--by", required=True, help="who decides (recorded in the event log)")
+            p.add_argument("--by", help="on whose behalf, if not the key's own principal")
             p.add_argument("--reason", help="why (recorded; the model reads it)")
             p.add_argument("--output", help="the step's output as JSON, with --action succeeded")
         else:
             p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
+    key_commands.add_parsers(sub)
     return parser
 
 

@@ -46,6 +46,7 @@ def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
         "tools",
         "database_url",
         "redis_url",
+        "policy",
         "lease_seconds",
         "ready_file",
         "log_format",
@@ -118,7 +119,11 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
     async with contextlib.AsyncExitStack() as stack:
         if demo_mode:
             stack.enter_context(demo.running_demo_service())
-        _, bound = await stack.enter_async_context(running_controller(settings))
+        components, bound = await stack.enter_async_context(running_controller(settings))
+        # A ready key, so the quick start works at once; it is stored hashed like any other.
+        _, api_key = await components.keys.create(
+            name="dev", tenant="default", roles=["admin"], created_by="reach dev"
+        )
         executor_stop = asyncio.Event()
         worker = asyncio.create_task(
             run_executor(
@@ -130,8 +135,8 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
         )
         try:
             if demo_mode:
-                await demo.run_demo(f"http://{bound.http}")
-            demo.print_quick_start(f"http://{bound.http}", demo_mode=demo_mode)
+                await demo.run_demo(f"http://{bound.http}", api_key=api_key)
+            demo.print_quick_start(f"http://{bound.http}", api_key=api_key, demo_mode=demo_mode)
             # Stop on a signal, or when the executor ends by itself (its error is raised below).
             stopping = asyncio.create_task(stop.wait())
             await asyncio.wait({stopping, worker}, return_when=asyncio.FIRST_COMPLETED)

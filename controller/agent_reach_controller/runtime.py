@@ -11,10 +11,14 @@ from datetime import timedelta
 
 from sqlalchemy.engine import make_url
 
+from agent_reach_controller import audit
 from agent_reach_controller.db import migrate
 from agent_reach_controller.db.engine import Database
+from agent_reach_controller.identity.policy import Policy
+from agent_reach_controller.identity.policy import load as load_policy
+from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.dispatch import DispatchService, LeaseTimings
+from agent_reach_controller.state.dispatch import DispatchService, Guards, LeaseTimings
 from agent_reach_controller.state.limiter import (
     MemoryLimiter,
     RateLimiter,
@@ -42,6 +46,8 @@ class Components:
     tasks: TaskService
     dispatch: DispatchService
     limiter: RateLimiter
+    keys: KeyService
+    policy: Policy
 
     async def close(self) -> None:
         await self.limiter.close()
@@ -83,6 +89,8 @@ async def open_components(settings: ControllerSettings) -> Components:
     await notifier.start()
     tasks = TaskService(db=db, registry=registry, notifier=notifier)
     limiter = _limiter(settings, db)
+    keys = KeyService(db)
+    policy = load_policy(settings.policy)
     dispatch = DispatchService(
         db=db,
         registry=registry,
@@ -92,7 +100,7 @@ async def open_components(settings: ControllerSettings) -> Components:
             lease=timedelta(seconds=settings.lease_seconds),
             max_poll_wait=settings.max_poll_wait_seconds,
         ),
-        limiter=limiter,
+        guards=Guards(limiter=limiter, grants=Grants(keys, policy)),
     )
     return Components(
         settings=settings,
@@ -103,6 +111,8 @@ async def open_components(settings: ControllerSettings) -> Components:
         tasks=tasks,
         dispatch=dispatch,
         limiter=limiter,
+        keys=keys,
+        policy=policy,
     )
 
 
@@ -115,6 +125,7 @@ async def reap_forever(components: Components) -> None:
             await components.dispatch.expire_unstarted()
             await components.tasks.expire_deadlines()
             await components.dispatch.refresh_queue_depth()
+            await audit.seal(components.db, limit=10_000)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -30,6 +30,14 @@ class ControllerSettings(BaseSettings):
         default_factory=list, description="Tool definition YAML files (comma-separated in env)"
     )
     database_url: SecretStr = SecretStr(DEFAULT_SQLITE)
+    policy: Path | None = Field(
+        None, description="Permission matrix YAML (roles → tool patterns → actions)"
+    )
+    bootstrap_key: SecretStr | None = Field(
+        None,
+        description="An extra admin key (tenant 'default') for creating the first real keys; "
+        "unset it once they exist",
+    )
     redis_url: SecretStr | None = None
     migrate: bool = Field(False, description="Apply database migrations at start")
     lease_seconds: float = Field(30.0, gt=0)

@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     RESOLVED_FAILED = "resolved_failed"
     CIRCUIT_OPEN = "circuit_open"
+    FORBIDDEN = "forbidden"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -93,6 +94,9 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
     ),
     ErrorCode.CIRCUIT_OPEN: ErrorKind(
         retryable=False, http_status=503, title="Not called: the tool's circuit breaker is open"
+    ),
+    ErrorCode.FORBIDDEN: ErrorKind(
+        retryable=False, http_status=403, title="Not allowed to run this tool"
     ),
     ErrorCode.INVALID_PLAN: ErrorKind(retryable=False, http_status=422, title="Invalid plan"),
     ErrorCode.IDEMPOTENCY_CONFLICT: ErrorKind(

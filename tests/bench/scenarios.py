@@ -226,6 +226,7 @@ def _client(stack: Stack, connections: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=stack.base_url,
         timeout=60,
+        headers={"Authorization": f"Bearer {stack.cluster.api_key}"},
         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
     )
 

@@ -16,7 +16,11 @@ from typing import Any
 
 import httpx
 
+from agent_reach_controller.identity.keys import new_key
+
 REACH = [sys.executable, "-m", "agent_reach_cli.main"]
+# The admin key of test clusters (a controller's bootstrap key; never a real deployment's).
+TEST_API_KEY = new_key().token
 
 
 def wait_until(
@@ -65,7 +69,14 @@ class Cluster:
 
     def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
-        self.env = {**os.environ, **(env or {})}
+        # Every controller accepts this admin key, and every `reach` client command sends it.
+        self.api_key = TEST_API_KEY
+        self.env = {
+            **os.environ,
+            "AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY": self.api_key,
+            "AGENT_REACH_API_KEY": self.api_key,
+            **(env or {}),
+        }
         self.procs: list[Proc] = []
 
     def _spawn(self, name: str, args: list[str]) -> Proc:
@@ -166,7 +177,12 @@ def cluster(workdir: Path, env: dict[str, str] | None = None) -> Iterator[Cluste
 
 
 def api(proc: Proc) -> httpx.Client:
-    return httpx.Client(base_url=f"http://{proc.info['http']}", timeout=30)
+    """An HTTP client of a controller started by a Cluster, with the cluster's admin key."""
+    return httpx.Client(
+        base_url=f"http://{proc.info['http']}",
+        timeout=30,
+        headers={"Authorization": f"Bearer {TEST_API_KEY}"},
+    )
 
 
 def all_terminal(client: httpx.Client, task_ids: list[str]) -> list[dict[str, Any]] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
         assert dry["steps"][1]["receipt"]["error"]["code"] == "condition_false"
         assert rainy["status"] == dry["status"] == "succeeded"
 
-        url = ["--url", f"http://{dev.info['http']}"]
+        # The key `reach dev` printed works like any other.
+        [dev_key] = set(re.findall(r"ark_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", dev.output()))
+        url = ["--url", f"http://{dev.info['http']}", "--api-key", dev_key]
         plan = tmp_path / "plan.json"
         plan.write_text(
             json.dumps(

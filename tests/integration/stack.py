@@ -7,8 +7,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
+from agent_reach_controller.api.app import create_app
 from agent_reach_controller.runtime import Components, open_components
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.state.outcomes import AttemptError, AttemptResult
@@ -55,6 +57,29 @@ async def components_for(url: str, tools_file: Path, **settings: Any) -> AsyncIt
         yield opened
     finally:
         await opened.close()
+
+
+async def key_for(
+    c: Components,
+    *,
+    roles: tuple[str, ...] = ("admin",),
+    tenant: str = "default",
+    name: str = "tester",
+) -> dict[str, str]:
+    """Headers carrying a new API key with these roles."""
+    _, token = await c.keys.create(name=name, tenant=tenant, roles=list(roles), created_by="test")
+    return {"Authorization": f"Bearer {token}"}
+
+
+@contextlib.asynccontextmanager
+async def api_client(
+    c: Components, *, base_url: str = "http://reach.test", **key: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client of the app over these components, authenticated with a new key."""
+    headers = await key_for(c, **key)
+    transport = httpx.ASGITransport(app=create_app(c))
+    async with httpx.AsyncClient(transport=transport, base_url=base_url, headers=headers) as client:
+        yield client
 
 
 def ok(step: StepRow, output: Any) -> AttemptResult:

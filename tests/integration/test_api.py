@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_reach_controller.api.app import create_app
 from agent_reach_controller.runtime import Components
-from tests.integration.stack import components_for, ok, write_tools
+from tests.integration.stack import api_client, components_for, ok, write_tools
 
 PLAN = {
     "goal": "say twice",
@@ -33,10 +32,11 @@ PLAN = {
 async def api(
     url: str, tmp_path: Path, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Components]]:
-    async with components_for(url, write_tools(tmp_path), **settings) as c:
-        transport = httpx.ASGITransport(app=create_app(c))
-        async with httpx.AsyncClient(transport=transport, base_url="http://reach.test") as client:
-            yield client, c
+    async with (
+        components_for(url, write_tools(tmp_path), **settings) as c,
+        api_client(c) as client,
+    ):
+        yield client, c
 
 
 async def work_off(c: Components, *, rounds: int = 10) -> None:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_reach_controller.api.app import create_app
-from tests.integration.stack import components_for, write_tools
+from tests.integration.stack import components_for, key_for, write_tools
 
 scalars = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
@@ -82,8 +82,11 @@ def test_generated_bodies_never_crash_and_never_store_invalid_plans(
     loop = asyncio.new_event_loop()
     ctx = components_for(sqlite_url, write_tools(tmp_path))
     components = loop.run_until_complete(ctx.__aenter__())
+    headers = loop.run_until_complete(key_for(components))
     client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(components)), base_url="http://t"
+        transport=httpx.ASGITransport(app=create_app(components)),
+        base_url="http://t",
+        headers=headers,
     )
     accepted = 0
 

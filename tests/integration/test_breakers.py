@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.state.tasks import SubmitInput
-from tests.integration.stack import TOOLS, components_for, failed, ok, write_tools
+from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
 
 FLAKY = {
     "name": "flaky.call",
@@ -58,14 +58,12 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
 
 
 async def test_breakers_are_visible_through_the_api(sqlite_url: str, tmp_path: Path) -> None:
-    import httpx
 
-    from agent_reach_controller.api.app import create_app
-
-    async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, FLAKY])) as c:
-        transport = httpx.ASGITransport(app=create_app(c))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            shown = (await client.get("/v1/tools/breakers")).json()
+    async with (
+        components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, FLAKY])) as c,
+        api_client(c) as client,
+    ):
+        shown = (await client.get("/v1/tools/breakers")).json()
     assert shown == {
         "breakers": {
             "flaky.call": {"state": "closed", "calls": 0, "failures": 0, "opened_at": None}

@@ -14,7 +14,7 @@ from tests.integration.stack import components_for, write_tools
 async def submit(c: Components, who: str, steps: list[dict[str, Any]], **plan: Any) -> None:
     body = {"steps": steps, **plan}
     parsed = parse_plan(body, c.catalog)
-    await c.tasks.submit(SubmitInput(plan=parsed, request=body, principal=who))
+    await c.tasks.submit(SubmitInput(plan=parsed, request=body, tenant=who))
 
 
 def echo(prefix: str, n: int) -> list[dict[str, Any]]:

@@ -10,6 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from agent_reach_controller.api.auth import Caller, ForbiddenError, UnauthenticatedError
+from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
+from agent_reach_controller.api.keys import router as keys_router
 from agent_reach_controller.api.problems import pointer_from_loc, problem_response
 from agent_reach_controller.api.tasks import (
     BadJsonError,
@@ -18,6 +21,7 @@ from agent_reach_controller.api.tasks import (
     components,
 )
 from agent_reach_controller.api.tasks import router as tasks_router
+from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.tasks import (
@@ -65,24 +69,64 @@ tools = APIRouter(prefix="/v1/tools", tags=["tools"])
 @tools.get("", summary="The tool catalogue, natively or as a model's tool list")
 async def list_tools(
     deps: Deps,
+    who: Caller,
     format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",
 ) -> Any:
+    """Only the tools the caller may submit: a model is never shown what it cannot run."""
+    mine = deps.catalog.only(lambda t: deps.policy.allows(who.roles, Action.SUBMIT, t.name))
     if format == "openai":
-        return deps.catalog.to_openai()
+        return mine.to_openai()
     if format == "anthropic":
-        return deps.catalog.to_anthropic()
+        return mine.to_anthropic()
     return {
         "tools": [
-            {"version": t.version, **t.model_dump(mode="json")}
-            for t in deps.catalog.values()
-            if t.enabled
+            {"version": t.version, **t.model_dump(mode="json")} for t in mine.values() if t.enabled
         ]
     }
 
 
 @tools.get("/breakers", summary="Circuit breaker state of every tool that has one")
-async def tool_breakers(deps: Deps) -> dict[str, Any]:
-    return {"breakers": await deps.dispatch.breaker_states()}
+async def tool_breakers(deps: Deps, who: Caller) -> dict[str, Any]:
+    states = await deps.dispatch.breaker_states()
+    return {
+        "breakers": {
+            name: state
+            for name, state in states.items()
+            if deps.policy.allows(who.roles, Action.SUBMIT, name)
+        }
+    }
+
+
+def _install_auth_handlers(app: FastAPI) -> None:
+    @app.exception_handler(UnauthenticatedError)
+    async def unauthenticated(_: Request, exc: UnauthenticatedError) -> Response:
+        return problem_response(
+            401,
+            code="unauthenticated",
+            title="An API key is needed",
+            detail=exc.detail,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.exception_handler(ForbiddenError)
+    async def forbidden(_: Request, exc: ForbiddenError) -> Response:
+        return problem_response(403, code="forbidden", title="Not allowed", detail=exc.detail)
+
+    @app.exception_handler(UnknownRoleError)
+    async def unknown_role(_: Request, exc: UnknownRoleError) -> Response:
+        return problem_response(
+            422,
+            code="invalid_request",
+            title="Invalid request",
+            detail=str(exc),
+            errors=[{"pointer": "/roles", "code": "unknown_role", "detail": str(exc)}],
+        )
+
+    @app.exception_handler(KeyNotFoundError)
+    async def no_key(_: Request, exc: KeyNotFoundError) -> Response:
+        return problem_response(
+            404, code="not_found", title="No such key", detail=f"no key {exc.args[0]!r}"
+        )
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -190,5 +234,7 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(meta)
     app.include_router(tasks_router)
     app.include_router(tools)
+    app.include_router(keys_router)
     _install_error_handlers(app)
+    _install_auth_handlers(app)
     return app

@@ -171,7 +171,12 @@ class ResolveIn(BaseModel):
         description="retry: run it again (same idempotency key); succeeded: it happened (give "
         "`output`); failed: it did not happen"
     )
-    by: str = Field(min_length=1, max_length=128, description="Who decides (recorded)")
+    by: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="On whose behalf, when not the key's own principal (recorded with it)",
+    )
     reason: str = Field("", max_length=1000, description="Why (recorded; the model reads it)")
     output: Any = Field(None, description="The step's output, for `succeeded`")
 

@@ -11,11 +11,13 @@ from fastapi.responses import JSONResponse
 from agent_reach.ids import parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.api import schemas
+from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import problem_response
 from agent_reach_controller.api.views import task_out
+from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import ResolveInput, SubmitInput
+from agent_reach_controller.state.tasks import ResolveInput, SubmitInput, TaskNotFoundError
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -99,12 +101,15 @@ class BadJsonError(Exception):
 async def submit_task(
     request: Request,
     deps: Deps,
+    who: Caller,
     wait: Annotated[float, Query(ge=0, le=3600, description="Seconds to wait for the end")] = 0,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
     traceparent: Annotated[str | None, Header()] = None,
 ) -> Response:
     body = await _read_json(request, deps.settings.max_body_bytes)
     plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
+    for tool in sorted({s.tool for s in plan.steps}):
+        require(deps, who, Action.SUBMIT, tool)
     limit = deps.settings.max_queued_steps
     if limit is not None and deps.dispatch.queue_depth + len(plan.steps) > limit:
         raise OverloadedError(deps.dispatch.queue_depth, limit)
@@ -114,6 +119,9 @@ async def submit_task(
             plan=plan,
             request=body,
             idempotency_key=idempotency_key,
+            principal=who.name,
+            tenant=who.tenant,
+            key_id=who.key_id,
             trace_id=parent[0] if parent else None,
             parent_span_id=parent[1] if parent else None,
         )
@@ -133,14 +141,17 @@ async def submit_task(
 
 
 @router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
-async def get_task(task_id: str, deps: Deps) -> schemas.TaskOut:
+async def get_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
     view = await deps.tasks.get(task_id)
+    if view.task.tenant != who.tenant:
+        raise TaskNotFoundError(task_id)
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
 @router.get("", response_model=schemas.TaskPage, responses=PROBLEMS)
 async def list_tasks(
     deps: Deps,
+    who: Caller,
     status: Annotated[
         str | None,
         Query(pattern="^(pending|running|succeeded|failed|cancelled)$"),
@@ -148,7 +159,7 @@ async def list_tasks(
     before: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> schemas.TaskPage:
-    rows = await deps.tasks.list_tasks(status=status, before=before, limit=limit)
+    rows = await deps.tasks.list_tasks(tenant=who.tenant, status=status, before=before, limit=limit)
     return schemas.TaskPage(
         tasks=[schemas.TaskSummary.model_validate(t) for t in rows],
         next_before=rows[-1].task_id if len(rows) == limit else None,
@@ -156,8 +167,11 @@ async def list_tasks(
 
 
 @router.post("/{task_id}/cancel", response_model=schemas.TaskOut, responses=PROBLEMS)
-async def cancel_task(task_id: str, deps: Deps) -> schemas.TaskOut:
-    view = await deps.tasks.cancel(task_id)
+async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
+    await deps.tasks.check_tenant(task_id, who.tenant)
+    view = await deps.tasks.cancel(
+        task_id, reason=f"cancelled by {who.name}", by=(who.name, who.tenant)
+    )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
@@ -168,16 +182,20 @@ async def cancel_task(task_id: str, deps: Deps) -> schemas.TaskOut:
     summary="Resolve a step whose outcome is unknown (operators)",
 )
 async def resolve_step(
-    task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps
+    task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
+    await deps.tasks.check_tenant(task_id, who.tenant)
+    step = await deps.tasks.step(task_id, step_id)
+    require(deps, who, Action.APPROVE, step.tool)
     view = await deps.tasks.resolve(
         ResolveInput(
             task_id=task_id,
             step_id=step_id,
             action=verdict.action,
-            by=verdict.by,
+            by=who.name if verdict.by in (None, who.name) else f"{who.name} for {verdict.by}",
             reason=verdict.reason,
             output=verdict.output,
+            tenant=who.tenant,
         )
     )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
@@ -187,9 +205,11 @@ async def resolve_step(
 async def task_events(
     task_id: str,
     deps: Deps,
+    who: Caller,
     after: Annotated[int, Query(ge=0, description="Return events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> schemas.EventPage:
+    await deps.tasks.check_tenant(task_id, who.tenant)
     rows = await deps.tasks.events(task_id, after=after, limit=limit)
     return schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
 

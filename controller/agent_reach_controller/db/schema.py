@@ -66,6 +66,8 @@ tasks = sa.Table(
     sa.Column("parent_span_id", sa.String(16)),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("principal", sa.String(128), nullable=False),
+    # Whose task it is: another tenant's callers are told it does not exist.
+    sa.Column("tenant", sa.String(128), nullable=False, server_default="default"),
     sa.Column("goal", sa.Text()),
     sa.Column("source", sa.String(16), nullable=False),
     sa.Column("request", Json, nullable=False),
@@ -78,6 +80,7 @@ tasks = sa.Table(
     sa.Column("deadline", UtcDateTime()),
     sa.Column("max_attempts", sa.Integer()),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
+    sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The deadline sweep's index: only unfinished tasks that have a deadline.
     sa.Index(
         "ix_tasks_open_deadline",
@@ -122,9 +125,11 @@ steps = sa.Table(
     sa.Column("timeouts", Json),
     # When a queued attempt fails for want of an executor (schedule_to_start); NULL: never.
     sa.Column("start_by", UtcDateTime()),
-    # Dispatch order: higher priority first; within a priority, submitters take turns.
+    # Dispatch order: higher priority first; within a priority, tenants take turns.
     sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
-    sa.Column("principal", sa.String(128), nullable=False, server_default="anonymous"),
+    sa.Column("tenant", sa.String(128), nullable=False, server_default="default"),
+    # The API key that submitted the step: its grant is checked again when the step is leased.
+    sa.Column("key_id", sa.String(12)),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
@@ -145,10 +150,10 @@ steps = sa.Table(
         postgresql_where=sa.text("status = 'ready'"),
         sqlite_where=sa.text("status = 'ready'"),
     ),
-    # Fair claims: each submitter's queued steps in dispatch order, and the distinct submitters.
+    # Fair claims: each tenant's queued steps in dispatch order, and the distinct tenants.
     sa.Index(
         "ix_steps_ready_fair",
-        "principal",
+        "tenant",
         sa.text("priority DESC"),
         "id",
         postgresql_where=sa.text("status = 'ready'"),
@@ -216,6 +221,20 @@ tool_pauses = sa.Table(
     _now_column("updated_at"),
 )
 
+# API keys: the secret is stored only as a SHA-256; `key_id` is public.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_id", sa.String(12), primary_key=True),
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("roles", Json, nullable=False),
+    _now_column("created_at"),
+    sa.Column("created_by", sa.String(128), nullable=False),
+    sa.Column("revoked_at", UtcDateTime()),
+)
+
 idempotency_keys = sa.Table(
     "idempotency_keys",
     metadata,
@@ -224,4 +243,28 @@ idempotency_keys = sa.Table(
     sa.Column("request_hash", sa.String(64), nullable=False),
     sa.Column("task_id", sa.String(36), nullable=False),
     _now_column("created_at"),
+)
+
+# Append-only, hash-chained audit log (`audit/`): rows are inserted unsealed (seq, prev_hash, hash
+# NULL) and chained later by the sealer; triggers refuse DELETE and any other UPDATE (0010).
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    _now_column("at"),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("tenant", sa.String(128)),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("target", sa.String(200), nullable=False),
+    sa.Column("data", Json, nullable=False),
+    sa.Column("seq", sa.BigInteger(), unique=True),
+    sa.Column("prev_hash", sa.String(64)),
+    sa.Column("hash", sa.String(64)),
+    # The sealer's index: only unsealed rows, in id order.
+    sa.Index(
+        "ix_audit_log_unsealed",
+        "id",
+        postgresql_where=sa.text("hash IS NULL"),
+        sqlite_where=sa.text("hash IS NULL"),
+    ),
 )

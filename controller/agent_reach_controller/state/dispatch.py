@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -27,6 +27,7 @@ from agent_reach_controller.state.outcomes import (
     breaker_open,
     decide_lease_expiry,
     decide_result,
+    not_permitted,
     not_started,
 )
 from agent_reach_controller.state.records import StepChange, StepRow
@@ -59,6 +60,21 @@ class HeartbeatOutcome:
     cancelled: list[tuple[int, int]]
     lost: list[tuple[int, int]]
     expires_at: datetime
+
+
+class GrantCheck(Protocol):
+    async def refusal(self, key_id: str | None, tool: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Guards:
+    """What dispatch asks besides the queue: rate-limit buckets, and whether submitters still may.
+
+    `limiter` defaults to Postgres when several replicas may dispatch, else this process.
+    """
+
+    limiter: RateLimiter
+    grants: GrantCheck | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,11 +113,11 @@ class DispatchService:
         tasks: TaskService,
         notifier: Notifier,
         timings: LeaseTimings,
-        limiter: RateLimiter | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self._db = db
         # Postgres when several replicas may dispatch; in this process for embedded SQLite.
-        self._limiter = limiter or (SqlLimiter() if db.is_postgres else MemoryLimiter())
+        self._guards = guards or Guards(limiter=SqlLimiter() if db.is_postgres else MemoryLimiter())
         self._registry = registry
         self._tasks = tasks
         self._notifier = notifier
@@ -275,7 +291,38 @@ class DispatchService:
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
+        if self._guards.grants is not None:
+            claimed = await self._drop_refused(claimed, executor_id=executor_id)
         return claimed, None
+
+    async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
+        """End, instead of handing out, leased steps whose submitter may no longer run them.
+
+        Checked after the lease commits (a revoked key or a changed policy is rare); if this
+        replica dies in between, the lease expires and the next claim checks again.
+        """
+        assert self._guards.grants is not None
+        refused: dict[int, str] = {}
+        for step in claimed:
+            reason = await self._guards.grants.refusal(step.key_id, step.tool)
+            if reason is not None:
+                refused[step.id] = reason
+        if not refused:
+            return claimed
+        await self._settle(
+            list(refused),
+            now=datetime.now(UTC),
+            due=lambda s: (
+                s.status is StepStatus.RUNNING and s.lease_owner == executor_id and s.id in refused
+            ),
+            decide=lambda s, ctx: not_permitted(s, ctx, refused[s.id]),
+        )
+        log.warning(
+            "%d leased steps were not run: their submitter may no longer run them",
+            len(refused),
+            extra={"event": "step_forbidden"},
+        )
+        return [s for s in claimed if s.id not in refused]
 
     async def _pauses(
         self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
@@ -334,7 +381,7 @@ class DispatchService:
             else:
                 limited.append((candidate.key, bucket_key(tool, candidate.rate_key), rate))
         if limited:
-            waits = await self._limiter.acquire(
+            waits = await self._guards.limiter.acquire(
                 conn, [(bucket, rate) for _, bucket, rate in limited], claim.now.timestamp()
             )
             behind: Counter[str] = Counter()

@@ -294,6 +294,17 @@ def breaker_open(step: StepRow, ctx: Decision) -> StepChange:
     return _give_up(step, ctx, ErrorCode.CIRCUIT_OPEN, message)
 
 
+def not_permitted(step: StepRow, ctx: Decision, reason: str) -> StepChange:
+    """A leased step whose submitter may no longer run its tool: it ends, never runs."""
+    error = {"code": ErrorCode.FORBIDDEN.value, "message": reason, "retryable": False}
+    values = terminal_values(
+        step, tool=ctx.tool, transition=Transition.FAIL, now=ctx.now, error=error
+    )
+    return StepChange(
+        step=step, transition=Transition.FAIL, values=values, event_data={"error": error}
+    )
+
+
 def _give_up(step: StepRow, ctx: Decision, code: ErrorCode, message: str) -> StepChange:
     error = {"code": code.value, "message": message, "retryable": False}
     values = terminal_values(

@@ -45,7 +45,8 @@ class StepRow:
     timeouts: dict[str, Any] | None = None
     start_by: datetime | None = None
     priority: int = 0
-    principal: str = "anonymous"
+    tenant: str = "default"
+    key_id: str | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
@@ -73,6 +74,7 @@ class TaskRow:
     finished_at: datetime | None
     deadline: datetime | None = None
     max_attempts: int | None = None
+    tenant: str = "default"
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:

@@ -422,17 +422,17 @@ class ClaimInput:
     lease_expires_at: datetime
 
 
-# Fair order on Postgres in one statement. `owners` walks the distinct submitters with queued
-# steps through the fair index (a loose index scan: one probe per submitter, however long their
+# Fair order on Postgres in one statement. `owners` walks the distinct tenants with queued
+# steps through the fair index (a loose index scan: one probe per tenant, however long their
 # queues); each then gives its first `limit` due steps (LATERAL, same index); the outer query
-# deals them out: priority first, then one step per submitter in turn, oldest first.
+# deals them out: priority first, then one step per tenant in turn, oldest first.
 _FAIR_ORDER = sa.text(
     """
 WITH RECURSIVE owners(p) AS (
-    (SELECT principal FROM steps WHERE status = 'ready' ORDER BY principal LIMIT 1)
+    (SELECT tenant FROM steps WHERE status = 'ready' ORDER BY tenant LIMIT 1)
     UNION ALL
-    SELECT (SELECT principal FROM steps
-            WHERE status = 'ready' AND principal > owners.p ORDER BY principal LIMIT 1)
+    SELECT (SELECT tenant FROM steps
+            WHERE status = 'ready' AND tenant > owners.p ORDER BY tenant LIMIT 1)
     FROM owners WHERE owners.p IS NOT NULL
 )
 SELECT q.id FROM (
@@ -440,7 +440,7 @@ SELECT q.id FROM (
            row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
     FROM owners o, LATERAL (
         SELECT id, priority FROM steps
-        WHERE status = 'ready' AND principal = o.p
+        WHERE status = 'ready' AND tenant = o.p
           AND connector = ANY(:connectors) AND tool <> ALL(:skip)
           AND tool || ':' || coalesce(concurrency_key, '') <> ALL(:skip_keys)
           AND (not_before IS NULL OR not_before <= :now)
@@ -474,8 +474,8 @@ async def fair_order(
 ) -> list[int]:
     """Up to `limit` due ready steps in dispatch order, not yet locked.
 
-    Higher priority first; within a priority, submitters take turns, each oldest first, so
-    one submitter's burst of thousands of steps does not starve another's single step.
+    Higher priority first; within a priority, tenants take turns, each oldest first, so
+    one tenant's burst of thousands of steps does not starve another's single step.
     """
     if conn.dialect.name == "postgresql":
         rows = await conn.execute(
@@ -490,7 +490,7 @@ async def fair_order(
         )
         return [key for (key,) in rows.all()]
     turn = sa.func.row_number().over(
-        partition_by=steps.c.principal, order_by=(steps.c.priority.desc(), steps.c.id)
+        partition_by=steps.c.tenant, order_by=(steps.c.priority.desc(), steps.c.id)
     )
     due = (
         sa.select(steps.c.id, steps.c.priority, turn.label("turn"))
@@ -738,10 +738,15 @@ async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str
 
 
 async def list_tasks(
-    conn: AsyncConnection, *, status: str | None, before: str | None, limit: int
+    conn: AsyncConnection, *, tenant: str, status: str | None, before: str | None, limit: int
 ) -> list[TaskRow]:
-    """Newest first; `before` is the last task id of the previous page (ids sort by time)."""
-    stmt = sa.select(tasks).order_by(tasks.c.task_id.desc()).limit(limit)
+    """A tenant's tasks, newest first; `before` is the last task id of the previous page."""
+    stmt = (
+        sa.select(tasks)
+        .where(tasks.c.tenant == tenant)
+        .order_by(tasks.c.task_id.desc())
+        .limit(limit)
+    )
     if status is not None:
         stmt = stmt.where(tasks.c.status == status)
     if before is not None:

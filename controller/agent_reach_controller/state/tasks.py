@@ -24,6 +24,7 @@ from agent_reach.states import (
     derive_task_status,
     target,
 )
+from agent_reach_controller import audit
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.state import store
@@ -60,6 +61,7 @@ class ResolveInput:
     by: str
     reason: str = ""
     output: Any = None
+    tenant: str | None = None
 
 
 class IdempotencyConflictError(Exception):
@@ -75,6 +77,8 @@ class SubmitInput:
     plan: Plan
     request: dict[str, Any]
     principal: str = "anonymous"
+    tenant: str = "default"
+    key_id: str | None = None  # the API key that submitted it, checked again at dispatch
     idempotency_key: str | None = None
     trace_id: str | None = None
     parent_span_id: str | None = None
@@ -150,7 +154,7 @@ class TaskService:
             await store.insert_task(conn, row)
             steps = await store.insert_steps(
                 conn,
-                _step_rows(data.plan, task_id, trace_id, now, self._registry, data.principal),
+                _step_rows(data, task_id, trace_id, now, self._registry),
             )
             await store.append_events(
                 conn,
@@ -164,10 +168,20 @@ class TaskService:
                             "source": data.plan.source,
                             "steps": len(data.plan.steps),
                             "principal": data.principal,
+                            "tenant": data.tenant,
                         },
                         created_at=now,
                     )
                 ],
+            )
+            await audit.record(
+                conn,
+                actor=data.principal,
+                tenant=data.tenant,
+                action="task.submit",
+                target=f"task:{task_id}",
+                data={"steps": len(data.plan.steps), "source": data.plan.source},
+                now=now,
             )
             # A task nobody else can see yet needs no lock and no reload.
             advanced = await self._advance_loaded(
@@ -290,10 +304,32 @@ class TaskService:
             return await self._view(conn, task_id)
 
     async def list_tasks(
-        self, *, status: str | None = None, before: str | None = None, limit: int = 50
+        self,
+        *,
+        tenant: str = "default",
+        status: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
     ) -> list[TaskRow]:
         async with self._db.transaction() as conn:
-            return await store.list_tasks(conn, status=status, before=before, limit=limit)
+            return await store.list_tasks(
+                conn, tenant=tenant, status=status, before=before, limit=limit
+            )
+
+    async def step(self, task_id: str, step_id: str) -> StepRow:
+        """One step of a task, or StepNotFoundError."""
+        async with self._db.transaction() as conn:
+            found = [s for s in await store.load_steps(conn, [task_id]) if s.step_id == step_id]
+        if not found:
+            raise StepNotFoundError(step_id)
+        return found[0]
+
+    async def check_tenant(self, task_id: str, tenant: str) -> None:
+        """TaskNotFoundError unless the task exists and belongs to `tenant` (the same answer)."""
+        async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+        if task is None or task.tenant != tenant:
+            raise TaskNotFoundError(task_id)
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
         async with self._db.transaction() as conn:
@@ -301,10 +337,19 @@ class TaskService:
                 raise TaskNotFoundError(task_id)
             return await store.load_events(conn, task_id, after=after, limit=limit)
 
-    async def cancel(self, task_id: str, *, reason: str = "cancelled by request") -> TaskView:
-        """Cancel every step not yet finished; running ones learn it from their heartbeat."""
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "cancelled by request",
+        by: tuple[str, str] | None = None,
+    ) -> TaskView:
+        """Cancel every step not yet finished; running ones learn it from their heartbeat.
+
+        `by` is the (principal, tenant) who asked, recorded in the audit log.
+        """
         error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
-        return await self._end(task_id, error=error)
+        return await self._end(task_id, error=error, by=by)
 
     async def expire_deadlines(self, *, limit: int = 100) -> int:
         """End tasks whose deadline has passed, every unfinished step with a receipt saying so.
@@ -324,7 +369,9 @@ class TaskService:
             await self._end(task_id, error=error)
         return len(overdue)
 
-    async def _end(self, task_id: str, *, error: dict[str, Any]) -> TaskView:
+    async def _end(
+        self, task_id: str, *, error: dict[str, Any], by: tuple[str, str] | None = None
+    ) -> TaskView:
         now = datetime.now(UTC)
         wake = Wake()
         async with self._db.transaction() as conn:
@@ -332,6 +379,16 @@ class TaskService:
             task = await store.load_task(conn, task_id)
             if task is None:
                 raise TaskNotFoundError(task_id)
+            if by is not None:
+                await audit.record(
+                    conn,
+                    actor=by[0],
+                    tenant=by[1],
+                    action="task.cancel",
+                    target=f"task:{task_id}",
+                    data={"status": task.status.value},
+                    now=now,
+                )
             if task.status not in TERMINAL_TASK_STATES:
                 await store.request_cancel(conn, task_id, now=now)
                 steps = await store.load_steps(conn, [task_id])
@@ -380,8 +437,17 @@ class TaskService:
                 output=data.output,
                 reason=data.reason,
             )
-            audit = {"by": data.by, "reason": data.reason, "action": data.action}
-            await store.change_steps(conn, [replace(change, event_data=audit)], now=now)
+            verdict = {"by": data.by, "reason": data.reason, "action": data.action}
+            await store.change_steps(conn, [replace(change, event_data=verdict)], now=now)
+            await audit.record(
+                conn,
+                actor=data.by,
+                tenant=data.tenant,
+                action="step.resolve",
+                target=f"task:{data.task_id}/step:{data.step_id}",
+                data={"action": data.action, "reason": data.reason[:500]},
+                now=now,
+            )
             advanced = await self.advance(conn, [data.task_id], now=now, locked=True)
             wake = await self._notifier.publish(
                 conn,
@@ -432,6 +498,7 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "parent_span_id": data.parent_span_id,
         "status": TaskStatus.PENDING,
         "principal": data.principal,
+        "tenant": data.tenant,
         "goal": data.plan.goal,
         "source": data.plan.source,
         "request": data.request,
@@ -447,15 +514,10 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
 
 
 def _step_rows(
-    plan: Plan,
-    task_id: str,
-    trace_id: str,
-    now: datetime,
-    registry: ToolRegistry,
-    principal: str,
+    data: SubmitInput, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
 ) -> list[dict[str, Any]]:
     rows = []
-    for step in plan.steps:
+    for step in data.plan.steps:
         tool = registry.get(step.tool, step.tool_version)
         rows.append(
             {
@@ -471,7 +533,8 @@ def _step_rows(
                 "when_expr": step.when,
                 "status": StepStatus.BLOCKED,
                 "priority": step.priority,
-                "principal": principal,
+                "tenant": data.tenant,
+                "key_id": data.key_id,
                 "attempt": 1,
                 "max_attempts": (step.retry or tool.retry).maximum_attempts,
                 "retry": step.retry.model_dump(mode="json") if step.retry else None,

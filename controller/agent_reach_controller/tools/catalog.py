@@ -6,7 +6,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -408,6 +408,16 @@ class ToolCatalog(Mapping[str, ToolSpec]):
 
     def __repr__(self) -> str:
         return f"ToolCatalog({sorted(self._tools)!r})"
+
+    def only(self, keep: Callable[[ToolSpec], bool]) -> ToolCatalog:
+        """The tools `keep` accepts (fallbacks outside the selection are not checked again)."""
+        selected = ToolCatalog.__new__(ToolCatalog)
+        tools = {name: spec for name, spec in self._tools.items() if keep(spec)}
+        selected._tools = MappingProxyType(tools)
+        selected._by_openai = MappingProxyType(
+            {k: v for k, v in self._by_openai.items() if v in tools}
+        )
+        return selected
 
     def names(self) -> list[str]:
         """Tool names in definition order."""

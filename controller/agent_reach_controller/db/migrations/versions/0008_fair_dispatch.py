@@ -1,4 +1,4 @@
-"""Dispatch order: a step's priority and its submitter, with the fair-claim index.
+"""Dispatch order: a step's priority and its tenant, with the fair-claim index.
 
 Revision ID: 0008
 Revises: 0007
@@ -22,12 +22,12 @@ def upgrade() -> None:
     with op.batch_alter_table("steps") as batch:
         batch.add_column(sa.Column("priority", sa.Integer(), nullable=False, server_default="0"))
         batch.add_column(
-            sa.Column("principal", sa.String(128), nullable=False, server_default="anonymous")
+            sa.Column("tenant", sa.String(128), nullable=False, server_default="default")
         )
     op.create_index(
         "ix_steps_ready_fair",
         "steps",
-        ["principal", sa.text("priority DESC"), "id"],
+        ["tenant", sa.text("priority DESC"), "id"],
         postgresql_where=sa.text(_QUEUED),
         sqlite_where=sa.text(_QUEUED),
     )
@@ -36,5 +36,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_steps_ready_fair", table_name="steps")
     with op.batch_alter_table("steps") as batch:
-        batch.drop_column("principal")
+        batch.drop_column("tenant")
         batch.drop_column("priority")

@@ -1,0 +1,74 @@
+"""Who is calling: every /v1 route needs an API key (`Authorization: Bearer ark_…`).
+
+A missing or wrong key is 401; a key whose roles do not allow the action on the tool is 403.
+Another tenant's task answers 404, exactly as a task that does not exist.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from agent_reach_controller.identity import keys
+from agent_reach_controller.identity.policy import Action, Principal
+from agent_reach_controller.identity.service import BOOTSTRAP_KEY_ID
+from agent_reach_controller.runtime import Components
+
+BOOTSTRAP = Principal(name="bootstrap", tenant="default", roles=("admin",), key_id=BOOTSTRAP_KEY_ID)
+
+
+class UnauthenticatedError(Exception):
+    """No usable API key on the request."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class ForbiddenError(Exception):
+    """The caller's roles do not allow this action (on this tool)."""
+
+    def __init__(self, principal: Principal, action: Action, tool: str | None = None) -> None:
+        on = f" on tool {tool!r}" if tool else ""
+        super().__init__(f"{principal.name} may not {action.value}{on}")
+        self.detail = str(self)
+
+
+def _token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+async def caller(request: Request) -> Principal:
+    app_components: Components = request.app.state.components
+    token = _token(request)
+    if token is None:
+        raise UnauthenticatedError("send an API key: Authorization: Bearer ark_…")
+    bootstrap = app_components.settings.bootstrap_key
+    if bootstrap is not None and hmac.compare_digest(
+        keys.hash_secret(token), keys.hash_secret(bootstrap.get_secret_value())
+    ):
+        return BOOTSTRAP
+    principal = await app_components.keys.authenticate(token)
+    if principal is None:
+        raise UnauthenticatedError("the API key is not valid (unknown, revoked or malformed)")
+    return principal
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def require(components: Components, who: Principal, action: Action, tool: str = "*") -> None:
+    """ForbiddenError unless `who` may take `action` on `tool`."""
+    if not components.policy.allows(who.roles, action, tool):
+        raise ForbiddenError(who, action, None if tool == "*" else tool)
+
+
+def require_admin(components: Components, who: Principal) -> None:
+    if not components.policy.is_admin(who.roles):
+        raise ForbiddenError(who, Action.ADMIN)

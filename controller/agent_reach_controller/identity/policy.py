@@ -1,0 +1,101 @@
+"""The permission matrix: roles → tool name patterns → actions.
+
+    roles:
+      agent:    [{tools: "orders.*", actions: [submit]}]
+      approver: [{tools: "payments.*", actions: [approve]}]
+
+An action on a tool is allowed when any of the principal's roles has a grant whose pattern
+matches the tool's name (shell-style: `*`, `?`, `[...]`). `admin` on `*` manages keys and tools.
+Nothing is allowed that no grant names: a role without grants may only read its tenant's tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Action(StrEnum):
+    SUBMIT = "submit"
+    APPROVE = "approve"
+    ADMIN = "admin"
+
+
+class Grant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: str = Field(min_length=1, max_length=200)
+    actions: list[Action] = Field(min_length=1)
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    roles: dict[str, list[Grant]]
+
+    def allows(self, roles: Iterable[str], action: Action, tool: str = "*") -> bool:
+        for role in roles:
+            for grant in self.roles.get(role, ()):
+                if action in grant.actions and fnmatchcase(tool, grant.tools):
+                    return True
+        return False
+
+    def is_admin(self, roles: Iterable[str]) -> bool:
+        return any(
+            Action.ADMIN in g.actions and g.tools == "*"
+            for role in roles
+            for g in self.roles.get(role, ())
+        )
+
+
+DEFAULT = Policy.model_validate(
+    {
+        "roles": {
+            "admin": [{"tools": "*", "actions": ["submit", "approve", "admin"]}],
+            "operator": [{"tools": "*", "actions": ["submit", "approve"]}],
+            "agent": [{"tools": "*", "actions": ["submit"]}],
+            "approver": [{"tools": "*", "actions": ["approve"]}],
+            "viewer": [],
+        }
+    }
+)
+
+
+class PolicyFileError(Exception):
+    pass
+
+
+def load(path: Path | None) -> Policy:
+    """The policy in a YAML file, or DEFAULT when there is none."""
+    if path is None:
+        return DEFAULT
+    try:
+        document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return Policy.model_validate(document)
+    except (OSError, yaml.YAMLError) as exc:
+        raise PolicyFileError(f"{path}: cannot read the policy: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise PolicyFileError(f"{path}: {problems}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Principal:
+    """An authenticated caller."""
+
+    name: str
+    tenant: str
+    roles: tuple[str, ...]
+    key_id: str | None = None
+
+    def labels(self) -> Mapping[str, str]:
+        return {"principal": self.name, "tenant": self.tenant}

@@ -1,0 +1,255 @@
+"""API keys, tenants and the permission matrix: who may do what, and what others cannot see."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from agent_reach_controller.api.app import create_app
+from agent_reach_controller.runtime import Components
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    components_for,
+    failed,
+    key_for,
+    ok,
+    write_tools,
+)
+
+PAY = {
+    "name": "pay.send",
+    "description": "Moves money.",
+    "connector": "echo",
+    "idempotent": False,
+}
+ONCE = {**PAY, "name": "echo.once", "description": "Says it once."}
+POLICY = {
+    "roles": {
+        "admin": [{"tools": "*", "actions": ["submit", "approve", "admin"]}],
+        "agent": [{"tools": "echo.*", "actions": ["submit"]}],
+        "payer": [{"tools": "pay.*", "actions": ["submit"]}],
+        "approver": [{"tools": "pay.*", "actions": ["approve"]}],
+        "viewer": [],
+    }
+}
+# Written out by hand, independently of the policy code: (role, tool, action) → allowed.
+ALLOWED = {
+    ("admin", "echo.once", "submit"),
+    ("admin", "pay.send", "submit"),
+    ("admin", "echo.once", "approve"),
+    ("admin", "pay.send", "approve"),
+    ("admin", "*", "admin"),
+    ("agent", "echo.once", "submit"),
+    ("payer", "pay.send", "submit"),
+    ("approver", "pay.send", "approve"),
+}
+
+
+def settings_with_policy(tmp_path: Path) -> dict[str, Any]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(POLICY))
+    return {"policy": path}
+
+
+def v1_routes(c: Components) -> list[tuple[str, str]]:
+    """Every (method, path) under /v1, with path parameters filled in."""
+    paths = create_app(c).openapi()["paths"]
+    return [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, operations in paths.items()
+        if path.startswith("/v1")
+        for method in operations
+    ]
+
+
+async def test_every_v1_route_needs_a_valid_key_and_health_does_not(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        routes = v1_routes(c)
+        assert len(routes) >= 10
+        transport = httpx.ASGITransport(app=create_app(c))
+        wrong = {"Authorization": "Bearer ark_000000000000_" + "A" * 43}
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for (method, path), headers in itertools.product(routes, ({}, wrong)):
+                response = await client.request(method, path, headers=headers, json={})
+                assert response.status_code == 401, (method, path, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["code"] == "unauthenticated"
+            for path in ("/healthz", "/readyz"):
+                assert (await client.get(path)).status_code == 200
+
+
+async def test_another_tenants_task_does_not_exist_on_any_route(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        async with api_client(c, tenant="acme", name="alice") as alice:
+            body = {"steps": [{"step_id": "s", "tool": "echo.say", "args": {}}]}
+            task_id = (await alice.post("/v1/tasks", json=body)).json()["task_id"]
+            assert (await alice.get(f"/v1/tasks/{task_id}")).status_code == 200
+        async with api_client(c, tenant="globex", name="bob") as bob:
+            for method, path in (
+                ("GET", f"/v1/tasks/{task_id}"),
+                ("GET", f"/v1/tasks/{task_id}/events"),
+                ("POST", f"/v1/tasks/{task_id}/cancel"),
+                ("POST", f"/v1/tasks/{task_id}/steps/s/resolve"),
+            ):
+                response = await bob.request(method, path, json={"action": "failed"})
+                assert response.status_code == 404, (method, path, response.text)
+                assert response.json()["detail"] == f"no task {task_id!r}"
+            assert (await bob.get("/v1/tasks")).json()["tasks"] == []
+            missing = await bob.get("/v1/tasks/01890000-0000-7000-8000-000000000000")
+            assert missing.json()["detail"].startswith("no task")  # the same answer
+
+
+@pytest.mark.parametrize("role", sorted(POLICY["roles"]))
+async def test_the_role_tool_action_matrix(role: str, sqlite_url: str, tmp_path: Path) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, PAY, ONCE])
+    async with components_for(sqlite_url, tools, **settings_with_policy(tmp_path)) as c:
+        admin = await key_for(c, roles=("admin",))
+        async with api_client(c, roles=(role,)) as client:
+            seen: set[tuple[str, str, str]] = set()
+            for tool in ("echo.once", "pay.send"):
+                body = {"steps": [{"step_id": "s", "tool": tool, "args": {}}]}
+                submitted = await client.post("/v1/tasks", json=body)
+                assert submitted.status_code in (202, 403), submitted.text
+                if submitted.status_code == 202:
+                    seen.add((role, tool, "submit"))
+                else:
+                    assert submitted.json()["code"] == "forbidden"
+                # approve: resolving a step whose outcome is unknown.
+                task_id = await unknown_outcome(c, client, admin, tool)
+                resolved = await client.post(
+                    f"/v1/tasks/{task_id}/steps/s/resolve", json={"action": "failed"}
+                )
+                assert resolved.status_code in (200, 403), resolved.text
+                if resolved.status_code == 200:
+                    seen.add((role, tool, "approve"))
+            created = await client.post("/v1/keys", json={"name": "x", "roles": ["viewer"]})
+            assert created.status_code in (201, 403), created.text
+            if created.status_code == 201:
+                seen.add((role, "*", "admin"))
+            listed = await client.get("/v1/tools", params={"format": "openai"})
+            visible = {t["function"]["name"] for t in listed.json()}
+        expected = {a for a in ALLOWED if a[0] == role}
+        assert seen == expected, f"unexpected allow: {seen - expected}; deny: {expected - seen}"
+        may_submit = {tool for r, tool, action in expected if action == "submit"}
+        names = {"echo.once": "echo_once", "pay.send": "pay_send"}
+        assert {names[t] for t in may_submit} <= visible
+        assert not visible & {names[t] for t in names if t not in may_submit}
+
+
+async def unknown_outcome(
+    c: Components, client: httpx.AsyncClient, admin: dict[str, str], tool: str
+) -> str:
+    """A task of the caller's tenant whose one step waits for a verdict (submitted by admin)."""
+    body = {"steps": [{"step_id": "s", "tool": tool, "args": {}}]}
+    task_id: str = (await client.post("/v1/tasks", json=body, headers=admin)).json()["task_id"]
+    leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+    [step] = [s for s in leased if s.task_id == task_id]
+    await c.dispatch.report(
+        executor_id="x",
+        results=[failed(step, "timeout", retryable=True, maybe_applied=True)],
+    )
+    view = await c.tasks.get(task_id)
+    assert view.steps[0].status.value == "outcome_unknown", view.steps[0]
+    return task_id
+
+
+async def test_keys_are_shown_once_listed_without_secrets_and_revoked_at_once(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c, api_client(c) as admin:
+        made = await admin.post(
+            "/v1/keys", json={"name": "ci-bot", "tenant": "acme", "roles": ["agent"]}
+        )
+        assert made.status_code == 201, made.text
+        token = made.json()["token"]
+        key_id = made.json()["key_id"]
+        assert token.startswith(f"ark_{key_id}_")
+        listed = (await admin.get("/v1/keys")).text
+        assert token.split("_")[-1] not in listed
+        assert "secret_hash" not in listed
+        bot = {"Authorization": f"Bearer {token}"}
+        assert (await admin.get("/v1/tasks", headers=bot)).status_code == 200
+        bad_role = await admin.post("/v1/keys", json={"name": "x", "roles": ["root"]})
+        assert bad_role.status_code == 422
+        assert bad_role.json()["errors"][0]["pointer"] == "/roles"
+        revoked = await admin.post(f"/v1/keys/{key_id}/revoke")
+        assert revoked.json()["revoked_at"] is not None
+        assert (await admin.get("/v1/tasks", headers=bot)).status_code == 401
+
+
+async def test_a_step_whose_key_was_revoked_after_submit_never_runs(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        info, token = await c.keys.create(
+            name="bot", tenant="acme", roles=["agent"], created_by="test"
+        )
+        async with api_client(c) as admin:
+            body = {
+                "steps": [
+                    {"step_id": "a", "tool": "echo.say", "args": {}},
+                    {"step_id": "b", "tool": "echo.say", "args": {}, "depends_on": ["a"]},
+                ]
+            }
+            bot = {"Authorization": f"Bearer {token}"}
+            task_id = (await admin.post("/v1/tasks", json=body, headers=bot)).json()["task_id"]
+            [first] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+            await c.dispatch.report(executor_id="x", results=[ok(first, {})])
+            await admin.post(f"/v1/keys/{info.key_id}/revoke")
+            # The next step is leased, checked, and ended instead of handed out.
+            assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+            assert (await admin.get(f"/v1/tasks/{task_id}", headers=bot)).status_code == 401
+        view = await c.tasks.get(task_id)
+        b = next(s for s in view.steps if s.step_id == "b")
+        assert (b.status.value, b.error) == (
+            "failed",
+            {
+                "code": "forbidden",
+                "message": "not run: the API key that submitted it has been revoked",
+                "retryable": False,
+            },
+        )
+        assert view.task.status.value == "failed"
+
+
+async def test_state_changing_calls_land_in_the_audit_log_with_who(
+    database_url: str, tmp_path: Path
+) -> None:
+    from agent_reach_controller import audit
+
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        async with api_client(c, tenant="acme", name="alice") as alice:
+            body = {"steps": [{"step_id": "s", "tool": "echo.say", "args": {}}]}
+            task_id = (await alice.post("/v1/tasks", json=body)).json()["task_id"]
+            await alice.post(f"/v1/tasks/{task_id}/cancel")
+        await audit.seal(c.db, settle_s=0)
+        report = await audit.verify(c.db)
+        assert report.problem is None
+        async with c.db.transaction() as conn:
+            import sqlalchemy as sa
+
+            from agent_reach_controller.db.schema import audit_log
+
+            rows = (
+                await conn.execute(
+                    sa.select(audit_log.c.actor, audit_log.c.action, audit_log.c.target).order_by(
+                        audit_log.c.seq
+                    )
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [
+            ("test", "key.create", rows[0][2]),
+            ("alice", "task.submit", f"task:{task_id}"),
+            ("alice", "task.cancel", f"task:{task_id}"),
+        ]
