@@ -50,6 +50,9 @@ class ControllerSettings(BaseSettings):
         None, ge=1, description="Refuse submits (429) while more steps than this wait"
     )
     overload_retry_after_seconds: int = Field(5, ge=1)
+    max_tasks_in_flight_per_principal: int | None = Field(
+        None, ge=1, description="Refuse submits (429) from a caller with this many unfinished tasks"
+    )
     db_pool_size: int = Field(10, ge=1)
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")

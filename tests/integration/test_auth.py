@@ -253,3 +253,24 @@ async def test_state_changing_calls_land_in_the_audit_log_with_who(
             ("alice", "task.submit", f"task:{task_id}"),
             ("alice", "task.cancel", f"task:{task_id}"),
         ]
+
+
+async def test_a_caller_at_its_in_flight_limit_gets_429_and_others_do_not(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path)
+    async with components_for(sqlite_url, tools, max_tasks_in_flight_per_principal=2) as c:
+        body = {"steps": [{"step_id": "s", "tool": "echo.say", "args": {}}]}
+        async with api_client(c, name="busy") as busy, api_client(c, name="calm") as calm:
+            for _ in range(2):
+                assert (await busy.post("/v1/tasks", json=body)).status_code == 202
+            refused = await busy.post("/v1/tasks", json=body)
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"]
+            assert refused.json()["code"] == "too_many_in_flight"
+            assert refused.json()["detail"].startswith("busy has 2 unfinished tasks")
+            assert (await calm.post("/v1/tasks", json=body)).status_code == 202
+            # One finishes: the busy caller may submit again.
+            [step, *_] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+            await c.dispatch.report(executor_id="x", results=[ok(step, {})])
+            assert (await busy.post("/v1/tasks", json=body)).status_code == 202

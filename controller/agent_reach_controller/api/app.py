@@ -170,8 +170,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         retry_after = request.app.state.components.settings.overload_retry_after_seconds
         return problem_response(
             429,
-            code="overloaded",
-            title="Too much work is queued",
+            code=exc.code,
+            title=exc.title,
             detail=f"{exc}; nothing was accepted, retry later",
             headers={"Retry-After": str(retry_after)},
         )

@@ -82,8 +82,23 @@ class BodyTooLargeError(Exception):
 class OverloadedError(Exception):
     """More steps wait for executors than the controller is configured to queue."""
 
+    code = "overloaded"
+    title = "Too much work is queued"
+
     def __init__(self, depth: int, limit: int) -> None:
         super().__init__(f"{depth:,} steps are waiting for executors; the limit is {limit:,}")
+
+
+class TooManyInFlightError(OverloadedError):
+    """The caller already has as many unfinished tasks as it may."""
+
+    code = "too_many_in_flight"
+    title = "Too many of your tasks are unfinished"
+
+    def __init__(self, who: str, in_flight: int, limit: int) -> None:
+        Exception.__init__(
+            self, f"{who} has {in_flight:,} unfinished tasks; the limit per caller is {limit:,}"
+        )
 
 
 class BadJsonError(Exception):
@@ -113,6 +128,11 @@ async def submit_task(
     limit = deps.settings.max_queued_steps
     if limit is not None and deps.dispatch.queue_depth + len(plan.steps) > limit:
         raise OverloadedError(deps.dispatch.queue_depth, limit)
+    per_caller = deps.settings.max_tasks_in_flight_per_principal
+    if per_caller is not None:
+        in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
+        if in_flight >= per_caller:
+            raise TooManyInFlightError(who.name, in_flight, per_caller)
     parent = parse_traceparent(traceparent)
     submitted = await deps.tasks.submit(
         SubmitInput(

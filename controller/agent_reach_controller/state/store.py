@@ -754,6 +754,23 @@ async def list_tasks(
     return [TaskRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
 
 
+async def unfinished_tasks(
+    conn: AsyncConnection, tenant: str, principal: str, *, up_to: int
+) -> int:
+    """A caller's pending or running tasks, counted up to `up_to` (newest first, by index)."""
+    mine = (
+        sa.select(tasks.c.task_id)
+        .where(
+            tasks.c.tenant == tenant,
+            tasks.c.principal == principal,
+            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
+        )
+        .limit(up_to)
+        .subquery()
+    )
+    return int((await conn.execute(sa.select(sa.func.count()).select_from(mine))).scalar_one())
+
+
 async def set_task_status(
     conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
 ) -> bool:

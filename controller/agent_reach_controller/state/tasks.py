@@ -324,6 +324,11 @@ class TaskService:
             raise StepNotFoundError(step_id)
         return found[0]
 
+    async def in_flight(self, tenant: str, principal: str, *, up_to: int) -> int:
+        """How many of this caller's tasks are unfinished (counting stops at `up_to`)."""
+        async with self._db.transaction() as conn:
+            return await store.unfinished_tasks(conn, tenant, principal, up_to=up_to)
+
     async def check_tenant(self, task_id: str, tenant: str) -> None:
         """TaskNotFoundError unless the task exists and belongs to `tenant` (the same answer)."""
         async with self._db.transaction() as conn:
