@@ -259,3 +259,45 @@ async def test_submits_beyond_the_queue_limit_get_429(sqlite_url: str, tmp_path:
         await work_off(c)
         assert await c.dispatch.refresh_queue_depth() == 0
         assert (await client.post("/v1/tasks", json=PLAN)).status_code == 202  # recovered
+
+
+async def test_a_connection_lost_mid_transaction_surfaces_as_the_lost_connection(
+    postgres_url: str,
+) -> None:
+    """Not as PendingRollbackError from the cleanup, which the API would answer with a 500."""
+    import psycopg
+    import sqlalchemy as sa
+    from sqlalchemy.exc import OperationalError
+
+    from agent_reach_controller.db.engine import Database
+    from tests.conftest import POSTGRES_ADMIN
+
+    async def lose_the_connection_mid_transaction() -> None:
+        async with db.transaction() as conn:
+            pid = (await conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one()
+            with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await conn.execute(sa.text("SELECT 1"))
+
+    db = Database(postgres_url)
+    try:
+        with pytest.raises(OperationalError):
+            await lose_the_connection_mid_transaction()
+    finally:
+        await db.close()
+
+
+async def test_the_queue_limit_holds_between_refreshes(sqlite_url: str, tmp_path: Path) -> None:
+    """Accepted submits count at once: a burst cannot slip in before the next refresh."""
+    twenty = {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(20)]}
+    async with api(sqlite_url, tmp_path, max_queued_steps=100) as (client, c):
+        answers = [(await client.post("/v1/tasks", json=twenty)).status_code for _ in range(10)]
+        assert answers == [202] * 5 + [429] * 5
+        assert await c.dispatch.refresh_queue_depth() == 100
+        # An idempotent replay adds nothing, so it reserves nothing either.
+        await work_off(c, rounds=20)
+        await c.dispatch.refresh_queue_depth()
+        keyed = {"Idempotency-Key": "once"}
+        for _ in range(3):
+            assert (await client.post("/v1/tasks", json=twenty, headers=keyed)).status_code == 202
+        assert c.dispatch.queue_depth == 20

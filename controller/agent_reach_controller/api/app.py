@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from agent_reach_controller.api.auth import Caller, ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
@@ -17,13 +17,15 @@ from agent_reach_controller.api.problems import pointer_from_loc, problem_respon
 from agent_reach_controller.api.tasks import (
     BadJsonError,
     BodyTooLargeError,
-    OverloadedError,
+    TooManyInFlightError,
     components,
 )
 from agent_reach_controller.api.tasks import router as tasks_router
+from agent_reach_controller.db.engine import STORAGE_DOWN
 from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.dispatch import QueueFullError
 from agent_reach_controller.state.tasks import (
     IdempotencyConflictError,
     StepNotFoundError,
@@ -165,13 +167,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def too_large(_: Request, exc: BodyTooLargeError) -> Response:
         return problem_response(413, code="too_large", title="Request too large", detail=str(exc))
 
-    @app.exception_handler(OverloadedError)
-    async def overloaded(request: Request, exc: OverloadedError) -> Response:
+    @app.exception_handler(QueueFullError)
+    @app.exception_handler(TooManyInFlightError)
+    async def overloaded(request: Request, exc: Exception) -> Response:
         retry_after = request.app.state.components.settings.overload_retry_after_seconds
         return problem_response(
             429,
-            code=exc.code,
-            title=exc.title,
+            code=getattr(exc, "code", "overloaded"),
+            title=getattr(exc, "title", "Too much work is queued"),
             detail=f"{exc}; nothing was accepted, retry later",
             headers={"Retry-After": str(retry_after)},
         )
@@ -204,6 +207,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             task_id=exc.task_id,
         )
 
+
+def _install_fallback_handlers(app: FastAPI) -> None:
+    """A lost database is 503 with Retry-After; anything else unexpected is a logged 500."""
+
     async def storage_down(_: Request, exc: Exception) -> Response:
         log.warning("storage unavailable: %s", type(exc).__name__, extra={"event": "storage_down"})
         return storage_unavailable()
@@ -218,9 +225,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
     app.add_exception_handler(Exception, internal)
-    app.add_exception_handler(OperationalError, storage_down)
-    app.add_exception_handler(InterfaceError, storage_down)
-    app.add_exception_handler(ConnectionError, storage_down)
+    for lost in STORAGE_DOWN:
+        app.add_exception_handler(lost, storage_down)
 
 
 def create_app(components_: Components) -> FastAPI:
@@ -237,4 +243,5 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(keys_router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
+    _install_fallback_handlers(app)
     return app

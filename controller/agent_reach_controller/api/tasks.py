@@ -79,25 +79,15 @@ class BodyTooLargeError(Exception):
         self.limit = limit
 
 
-class OverloadedError(Exception):
-    """More steps wait for executors than the controller is configured to queue."""
-
-    code = "overloaded"
-    title = "Too much work is queued"
-
-    def __init__(self, depth: int, limit: int) -> None:
-        super().__init__(f"{depth:,} steps are waiting for executors; the limit is {limit:,}")
-
-
-class TooManyInFlightError(OverloadedError):
+class TooManyInFlightError(Exception):
     """The caller already has as many unfinished tasks as it may."""
 
     code = "too_many_in_flight"
     title = "Too many of your tasks are unfinished"
 
     def __init__(self, who: str, in_flight: int, limit: int) -> None:
-        Exception.__init__(
-            self, f"{who} has {in_flight:,} unfinished tasks; the limit per caller is {limit:,}"
+        super().__init__(
+            f"{who} has {in_flight:,} unfinished tasks; the limit per caller is {limit:,}"
         )
 
 
@@ -125,27 +115,26 @@ async def submit_task(
     plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
     for tool in sorted({s.tool for s in plan.steps}):
         require(deps, who, Action.SUBMIT, tool)
-    limit = deps.settings.max_queued_steps
-    if limit is not None and deps.dispatch.queue_depth + len(plan.steps) > limit:
-        raise OverloadedError(deps.dispatch.queue_depth, limit)
     per_caller = deps.settings.max_tasks_in_flight_per_principal
     if per_caller is not None:
         in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
         if in_flight >= per_caller:
             raise TooManyInFlightError(who.name, in_flight, per_caller)
     parent = parse_traceparent(traceparent)
-    submitted = await deps.tasks.submit(
-        SubmitInput(
-            plan=plan,
-            request=body,
-            idempotency_key=idempotency_key,
-            principal=who.name,
-            tenant=who.tenant,
-            key_id=who.key_id,
-            trace_id=parent[0] if parent else None,
-            parent_span_id=parent[1] if parent else None,
+    with deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted:
+        submitted = await deps.tasks.submit(
+            SubmitInput(
+                plan=plan,
+                request=body,
+                idempotency_key=idempotency_key,
+                principal=who.name,
+                tenant=who.tenant,
+                key_id=who.key_id,
+                trace_id=parent[0] if parent else None,
+                parent_span_id=parent[1] if parent else None,
+            )
         )
-    )
+        admitted.keep = submitted.created
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
     if wait > 0:
         view = await deps.tasks.wait(
@@ -234,4 +223,10 @@ async def task_events(
     return schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
 
 
-__all__ = ["BadJsonError", "BodyTooLargeError", "OverloadedError", "problem_response", "router"]
+__all__ = [
+    "BadJsonError",
+    "BodyTooLargeError",
+    "TooManyInFlightError",
+    "problem_response",
+    "router",
+]

@@ -9,6 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -52,6 +53,15 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
+# What a lost or unreachable database raises: callers answer "unavailable, retry", never 500.
+STORAGE_DOWN: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PendingRollbackError,
+    ConnectionError,
+)
+
+
 class Database:
     """An async engine plus the one way to open a transaction.
 
@@ -89,13 +99,16 @@ class Database:
         commit (batched writes such as the event log use it).
         """
         async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
+            # Read once, while the connection is sound: on a connection that died mid-way
+            # `conn.info` raises, and that error would replace the real one (a lost database).
+            info = conn.info
             try:
                 yield conn
-                for hook in conn.info.get(_BEFORE_COMMIT, ()):
+                for hook in info.get(_BEFORE_COMMIT, ()):
                     await hook(conn)
             finally:
-                for key in [k for k in conn.info if str(k).startswith(TX_STATE_PREFIX)]:
-                    del conn.info[key]
+                for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
+                    del info[key]
 
     async def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""

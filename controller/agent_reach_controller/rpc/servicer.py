@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -11,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
+from agent_reach_controller.db.engine import STORAGE_DOWN
 from agent_reach_controller.rpc.convert import (
     BadResultError,
     assignment_to_proto,
@@ -22,6 +25,28 @@ from agent_reach_controller.state.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
+
+
+Handler = Callable[[Any, Any, Any], Awaitable[Any]]
+
+
+def _storage_unavailable(method: Handler) -> Handler:
+    """A lost database answers UNAVAILABLE (executors retry it), not UNKNOWN with a traceback."""
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except STORAGE_DOWN as exc:
+            log.warning(
+                "%s: storage unavailable (%s)",
+                method.__name__,
+                type(exc).__name__,
+                extra={"event": "storage_down"},
+            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "storage is unavailable; retry")
+
+    return handler
 
 
 def _leases(pairs: list[tuple[int, int]]) -> list[pb.LeaseRef]:
@@ -50,6 +75,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             max_poll_wait_ms=int(self._dispatch.timings.max_poll_wait * 1000),
         )
 
+    @_storage_unavailable
     async def PollSteps(self, request: pb.PollStepsRequest, context: Any) -> pb.PollStepsResponse:
         if not request.executor_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "executor_id is required")
@@ -66,6 +92,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             ]
         )
 
+    @_storage_unavailable
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         outcome = await self._dispatch.heartbeat(
             executor_id=request.executor_id,
@@ -78,6 +105,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             lease_expires_at_ms=to_ms(outcome.expires_at),
         )
 
+    @_storage_unavailable
     async def ReportResults(
         self, request: pb.ReportResultsRequest, context: Any
     ) -> pb.ReportResultsResponse:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -60,6 +61,18 @@ class HeartbeatOutcome:
     cancelled: list[tuple[int, int]]
     lost: list[tuple[int, int]]
     expires_at: datetime
+
+
+class QueueFullError(Exception):
+    """More steps wait for executors than the controller is configured to queue."""
+
+    def __init__(self, depth: int, limit: int) -> None:
+        super().__init__(f"{depth:,} steps are waiting for executors; the limit is {limit:,}")
+
+
+@dataclass(slots=True)
+class Admission:
+    keep: bool = True
 
 
 class GrantCheck(Protocol):
@@ -251,6 +264,30 @@ class DispatchService:
             budget=budget or Budget(),
             tool_named=self._registry.catalog.get,
         )
+
+    @contextlib.contextmanager
+    def admit(self, steps: int, *, limit: int | None) -> Iterator[Admission]:
+        """Admission control: reserve room for `steps` more queued steps, or QueueFullError.
+
+        The reservation counts at once (concurrent submits cannot all squeeze through before
+        the next refresh) and is given back if the body raises or `keep` is set false (an
+        idempotent replay added nothing). Each replica counts its own submits between
+        refreshes, so N replicas may overshoot by what they accept in one refresh interval.
+        """
+        admission = Admission()
+        if limit is None:
+            yield admission
+            return
+        if self.queue_depth + steps > limit:
+            raise QueueFullError(self.queue_depth, limit)
+        self.queue_depth += steps
+        try:
+            yield admission
+        except BaseException:
+            self.queue_depth -= steps
+            raise
+        if not admission.keep:
+            self.queue_depth -= steps
 
     async def refresh_queue_depth(self) -> int:
         async with self._db.transaction() as conn:
