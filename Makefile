@@ -7,12 +7,13 @@ STAMP  := $(VENV)/.installed-stamp
 PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-trusted-host \
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
-.PHONY: help setup run test test-unit test-integration test-e2e lint fmt typecheck proto \
-	proto-check migrations-check bench services-up requirements clean
+.PHONY: help setup run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
+	proto proto-check migrations-check bench services-up requirements clean
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
 	@echo "make test    lint, type check, proto and migration checks, then every test"
+	@echo "make test-faults  fault injection on real processes (AGENT_REACH_FAULTS_PROFILE=long)"
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 
 setup: $(STAMP)
@@ -35,7 +36,12 @@ run: setup
 	$(BIN)/reach dev --demo
 
 test: setup lint proto-check migrations-check
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --ignore=tests/faults
+
+# Kills, pauses, Postgres crashes, ambiguous commits, downstream faults and overload against real
+# processes and a private Postgres; prints one figure per scenario (see tests/faults/conftest.py).
+test-faults: setup
+	$(BIN)/pytest -q -p no:cacheprovider tests/faults
 
 test-unit: setup
 	$(BIN)/pytest -q tests/unit

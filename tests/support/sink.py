@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -42,7 +42,9 @@ class Response:
     `content_type`). `retry_after` becomes a Retry-After header (seconds or an HTTP-date string).
     `delay` waits before answering. `drop` closes the connection after reading the request
     without answering; `reset` does the same with a TCP RST. `applied` overrides whether the
-    request's effect counts as applied (default: a 2xx that is actually answered).
+    request's effect counts as applied (default: a 2xx that is actually answered). `echo` adds a
+    `delivery` object to the JSON answer (`seq`, `key` and the `x-executor` header), so a caller's
+    stored output shows which delivery produced it.
     """
 
     status: int = 200
@@ -55,6 +57,7 @@ class Response:
     drop: bool = False
     reset: bool = False
     applied: bool | None = None
+    echo: bool = False
 
     @property
     def applies(self) -> bool:
@@ -63,12 +66,22 @@ class Response:
             return self.applied
         return 200 <= self.status < 300 and not (self.drop or self.reset)
 
-    def payload(self) -> tuple[bytes, str]:
-        """The body bytes and their content type."""
+    def payload(self, delivery: Delivery | None = None) -> tuple[bytes, str]:
+        """The body bytes and their content type (with `echo`, about `delivery`)."""
         if self.body is not None:
             data = self.body.encode() if isinstance(self.body, str) else self.body
             return data, self.content_type
-        return json.dumps({} if self.json is None else self.json).encode(), "application/json"
+        value = {} if self.json is None else self.json
+        if self.echo and delivery is not None and isinstance(value, dict):
+            value = {
+                **value,
+                "delivery": {
+                    "seq": delivery.seq,
+                    "key": delivery.key,
+                    "executor": delivery.headers.get("x-executor"),
+                },
+            }
+        return json.dumps(value).encode(), "application/json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +96,7 @@ class Delivery:
     at: float  # time.monotonic() on arrival (system-wide on Linux, comparable across processes)
     wall: float  # time.time() on arrival
     key: str | None = None  # the Idempotency-Key header, if any
+    seq: int = 0  # 1-based order of arrival at this sink
 
     @property
     def traceparent(self) -> str | None:
@@ -153,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
             wall=time.time(),
             key=self.headers.get("Idempotency-Key"),
         )
-        response = self.server.sink._record(delivery)
+        response, delivery = self.server.sink._record(delivery)
         if response.delay and self.server.sink._stopping.wait(response.delay):
             return
         if response.drop or response.reset:
@@ -164,10 +178,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.close()
             return
-        self._answer(response)
+        self._answer(response, delivery)
 
-    def _answer(self, response: Response) -> None:
-        data, content_type = response.payload()
+    def _answer(self, response: Response, delivery: Delivery) -> None:
+        data, content_type = response.payload(delivery)
         self.send_response(response.status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -273,8 +287,9 @@ class Sink:
             else:
                 self._connections.discard(connection)
 
-    def _record(self, delivery: Delivery) -> Response:
+    def _record(self, delivery: Delivery) -> tuple[Response, Delivery]:
         with self._lock:
+            delivery = replace(delivery, seq=len(self._deliveries) + 1)
             self._deliveries.append(delivery)
             script = self._scripts.get(delivery.path) or [Response()]
             response = script[min(self._served[delivery.path], len(script) - 1)]
@@ -284,4 +299,4 @@ class Sink:
                 if not key or not self._effects[key]:
                     self._effects[key] += 1
             self._lock.notify_all()
-            return response
+            return response, delivery
