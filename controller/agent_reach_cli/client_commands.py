@@ -76,6 +76,22 @@ def resolve(args: argparse.Namespace) -> int:
     return 2 if response is None else _print(response)
 
 
+def approve(args: argparse.Namespace) -> int:
+    decision: dict[str, Any] = {
+        "decision": "reject" if args.reject else "approve",
+        "reason": args.reason or "",
+    }
+    if args.args is not None:
+        try:
+            decision["args"] = json.loads(args.args)
+        except ValueError:
+            print("reach: --args must be a JSON object", file=sys.stderr)
+            return 2
+    url = f"{_url(args)}/v1/tasks/{args.task_id}/steps/{args.step_id}/approval"
+    response = _request("POST", url, args, json=decision)
+    return 2 if response is None else _print(response)
+
+
 def tools(args: argparse.Namespace) -> int:
     response = _request("GET", f"{_url(args)}/v1/tools", args, params={"format": args.format})
     return 2 if response is None else _print(response)

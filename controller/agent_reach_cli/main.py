@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", client_commands.status, "show a task and its receipts"),
         ("tools", client_commands.tools, "list the controller's tools"),
         ("resolve", client_commands.resolve, "resolve a step whose outcome is unknown"),
+        ("approve", client_commands.approve, "approve (or --reject) a dangerous step"),
     ):
         p = add(name, handler, help_)
         p.add_argument(
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--by", help="on whose behalf, if not the key's own principal")
             p.add_argument("--reason", help="why (recorded; the model reads it)")
             p.add_argument("--output", help="the step's output as JSON, with --action succeeded")
+        elif name == "approve":
+            p.add_argument("task_id")
+            p.add_argument("step_id")
+            p.add_argument("--reject", action="store_true", help="reject instead of approving")
+            p.add_argument("--reason", help="why (recorded; on a rejection the model reads it)")
+            p.add_argument("--args", help="approve these arguments instead (a JSON object)")
         else:
             p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
     key_commands.add_parsers(sub)

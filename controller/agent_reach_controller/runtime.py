@@ -87,7 +87,12 @@ async def open_components(settings: ControllerSettings) -> Components:
     await registry.sync()
     notifier = _notifier(settings, db)
     await notifier.start()
-    tasks = TaskService(db=db, registry=registry, notifier=notifier)
+    tasks = TaskService(
+        db=db,
+        registry=registry,
+        notifier=notifier,
+        approval_ttl=timedelta(seconds=settings.approval_timeout_seconds),
+    )
     limiter = _limiter(settings, db)
     keys = KeyService(db)
     policy = load_policy(settings.policy)
@@ -123,6 +128,8 @@ async def reap_forever(components: Components) -> None:
         try:
             await components.dispatch.reap_expired()
             await components.dispatch.expire_unstarted()
+            await components.dispatch.fail_fast_open()
+            await components.dispatch.expire_approvals()
             await components.tasks.expire_deadlines()
             await components.dispatch.refresh_queue_depth()
             await audit.seal(components.db, limit=10_000)

@@ -50,6 +50,12 @@ class ControllerSettings(BaseSettings):
         None, ge=1, description="Refuse submits (429) while more steps than this wait"
     )
     overload_retry_after_seconds: int = Field(5, ge=1)
+    approval_timeout_seconds: float = Field(
+        3600.0, gt=0, description="A dangerous step not approved within this is rejected"
+    )
+    separation_of_duties: bool = Field(
+        True, description="Whoever submitted a task may not approve its steps"
+    )
     max_tasks_in_flight_per_principal: int | None = Field(
         None, ge=1, description="Refuse submits (429) from a caller with this many unfinished tasks"
     )

@@ -30,6 +30,8 @@ class ErrorCode(StrEnum):
     RESOLVED_FAILED = "resolved_failed"
     CIRCUIT_OPEN = "circuit_open"
     FORBIDDEN = "forbidden"
+    REJECTED = "rejected"
+    DESTINATION_REFUSED = "destination_refused"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -97,6 +99,14 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
     ),
     ErrorCode.FORBIDDEN: ErrorKind(
         retryable=False, http_status=403, title="Not allowed to run this tool"
+    ),
+    ErrorCode.DESTINATION_REFUSED: ErrorKind(
+        retryable=False,
+        http_status=403,
+        title="Not called: the destination is not allowed for this tool",
+    ),
+    ErrorCode.REJECTED: ErrorKind(
+        retryable=False, http_status=403, title="A person did not approve it"
     ),
     ErrorCode.INVALID_PLAN: ErrorKind(retryable=False, http_status=422, title="Invalid plan"),
     ErrorCode.IDEMPOTENCY_CONFLICT: ErrorKind(

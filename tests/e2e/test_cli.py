@@ -77,3 +77,47 @@ def test_invalid_command_line_fails_clearly() -> None:
     )
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
+
+
+def test_reach_approve_lets_a_waiting_dangerous_step_run(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "name": "vault.wipe",
+                        "description": "Irreversible.",
+                        "connector": "echo",
+                        "risk": "dangerous",
+                    }
+                ]
+            }
+        )
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"steps": [{"step_id": "w", "tool": "vault.wipe", "args": {}}]}))
+    with cluster(tmp_path) as c:
+        dev = c.dev("dev", tools=tools)
+        wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="reach dev")
+        [dev_key] = set(re.findall(r"ark_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", dev.output()))
+        url = ["--url", f"http://{dev.info['http']}"]
+        # Submitted with the cluster's key, approved by the dev key's principal (another one).
+        submitted = _reach("submit", str(plan), *url, "--api-key", c.api_key)
+        waiting = _reach("status", submitted["task_id"], *url, "--api-key", c.api_key)
+        assert waiting["steps"][0]["status"] == "awaiting_approval"
+        _reach(
+            "approve", submitted["task_id"], "w", "--reason", "ticket 7", *url, "--api-key", dev_key
+        )
+        done = wait_until(
+            lambda: (
+                (t := _reach("status", submitted["task_id"], *url, "--api-key", c.api_key))[
+                    "status"
+                ]
+                == "succeeded"
+                and t
+            ),
+            within=30,
+            what="the approved step to run",
+        )
+        assert done["steps"][0]["status"] == "succeeded"

@@ -27,7 +27,11 @@ from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.dispatch import QueueFullError
 from agent_reach_controller.state.tasks import (
+    ApprovalExpiredError,
+    EditedArgumentsError,
     IdempotencyConflictError,
+    NotAwaitingApprovalError,
+    SelfApprovalError,
     StepNotFoundError,
     StepNotResolvableError,
     TaskNotFoundError,
@@ -122,6 +126,34 @@ def _install_auth_handlers(app: FastAPI) -> None:
             title="Invalid request",
             detail=str(exc),
             errors=[{"pointer": "/roles", "code": "unknown_role", "detail": str(exc)}],
+        )
+
+    @app.exception_handler(SelfApprovalError)
+    async def self_approval(_: Request, exc: SelfApprovalError) -> Response:
+        return problem_response(
+            403, code="separation_of_duties", title="Not allowed", detail=str(exc)
+        )
+
+    @app.exception_handler(NotAwaitingApprovalError)
+    @app.exception_handler(ApprovalExpiredError)
+    async def not_decidable(_: Request, exc: Exception) -> Response:
+        return problem_response(
+            409,
+            code="not_decidable",
+            title="The step is not waiting for a decision",
+            detail=str(exc),
+        )
+
+    @app.exception_handler(EditedArgumentsError)
+    async def bad_edit(_: Request, exc: EditedArgumentsError) -> Response:
+        return problem_response(
+            422,
+            code="invalid_arguments",
+            title="The edited arguments are invalid",
+            detail="; ".join(f"{p.pointer}: {p.detail}" for p in exc.problems[:5]),
+            errors=[
+                {"pointer": p.pointer, "code": p.code, "detail": p.detail} for p in exc.problems
+            ],
         )
 
     @app.exception_handler(KeyNotFoundError)

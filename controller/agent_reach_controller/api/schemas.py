@@ -46,6 +46,19 @@ class TimeoutsIn(BaseModel):
     )
 
 
+class ApprovalIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "reject"]
+    reason: str = Field(
+        "", max_length=2000, description="Why (recorded; on a rejection the model reads it)"
+    )
+    args: dict[str, Any] | None = Field(
+        None,
+        description="Approve these arguments instead (checked against the tool's schema; the "
+        "event log keeps both versions)",
+    )
+
+
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_attempts: int | None = Field(

@@ -17,7 +17,12 @@ from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import ResolveInput, SubmitInput, TaskNotFoundError
+from agent_reach_controller.state.tasks import (
+    ApprovalInput,
+    ResolveInput,
+    SubmitInput,
+    TaskNotFoundError,
+)
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -205,6 +210,33 @@ async def resolve_step(
             reason=verdict.reason,
             output=verdict.output,
             tenant=who.tenant,
+        )
+    )
+    return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.post(
+    "/{task_id}/steps/{step_id}/approval",
+    response_model=schemas.TaskOut,
+    responses=PROBLEMS,
+    summary="Approve or reject a dangerous step (approvers of its tool)",
+)
+async def decide_step(
+    task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller
+) -> schemas.TaskOut:
+    await deps.tasks.check_tenant(task_id, who.tenant)
+    step = await deps.tasks.step(task_id, step_id)
+    require(deps, who, Action.APPROVE, step.tool)
+    view = await deps.tasks.decide(
+        ApprovalInput(
+            task_id=task_id,
+            step_id=step_id,
+            approve=decision.decision == "approve",
+            by=who.name,
+            tenant=who.tenant,
+            reason=decision.reason,
+            args=decision.args,
+            separation_of_duties=deps.settings.separation_of_duties,
         )
     )
     return task_out(view, budget=deps.settings.receipt_budget_chars)

@@ -130,6 +130,10 @@ steps = sa.Table(
     sa.Column("tenant", sa.String(128), nullable=False, server_default="default"),
     # The API key that submitted the step: its grant is checked again when the step is leased.
     sa.Column("key_id", sa.String(12)),
+    # A dangerous step's approval: what was asked (tool version, hash of the exact arguments),
+    # until when, and the decision once made; checked again when the step is leased.
+    sa.Column("approval", Json),
+    sa.Column("decide_by", UtcDateTime()),
     sa.Column("not_before", UtcDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
@@ -158,6 +162,13 @@ steps = sa.Table(
         "id",
         postgresql_where=sa.text("status = 'ready'"),
         sqlite_where=sa.text("status = 'ready'"),
+    ),
+    # The approval-expiry sweep's index: only steps waiting for a decision.
+    sa.Index(
+        "ix_steps_awaiting_decide_by",
+        "decide_by",
+        postgresql_where=sa.text("status = 'awaiting_approval'"),
+        sqlite_where=sa.text("status = 'awaiting_approval'"),
     ),
     # The schedule-to-start sweep's index: only queued rows that have such a timeout.
     sa.Index(

@@ -18,7 +18,7 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
 from agent_reach_controller.flow.ratelimits import Rate, bucket_key
-from agent_reach_controller.state import store
+from agent_reach_controller.state import approvals, store
 from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
@@ -328,20 +328,26 @@ class DispatchService:
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
-        if self._guards.grants is not None:
-            claimed = await self._drop_refused(claimed, executor_id=executor_id)
+        claimed = await self._drop_refused(claimed, executor_id=executor_id)
         return claimed, None
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
-        """End, instead of handing out, leased steps whose submitter may no longer run them.
+        """End, instead of handing out, leased steps that may not run after all.
 
-        Checked after the lease commits (a revoked key or a changed policy is rare); if this
-        replica dies in between, the lease expires and the next claim checks again.
+        A dangerous step needs an approval that is for this step, this tool version and these
+        exact arguments; a submitter's key must still be live and granted the tool. Checked
+        after the lease commits (refusals are rare); if this replica dies in between, the lease
+        expires and the next claim checks again.
         """
-        assert self._guards.grants is not None
         refused: dict[int, str] = {}
         for step in claimed:
-            reason = await self._guards.grants.refusal(step.key_id, step.tool)
+            reason = None
+            if self._registry.catalog.get(step.tool) is not None and (
+                self._registry.get(step.tool, step.tool_version).risk == "dangerous"
+            ):
+                reason = approvals.mismatch(step)
+            if reason is None and self._guards.grants is not None:
+                reason = await self._guards.grants.refusal(step.key_id, step.tool)
             if reason is not None:
                 refused[step.id] = reason
         if not refused:
@@ -355,7 +361,7 @@ class DispatchService:
             decide=lambda s, ctx: not_permitted(s, ctx, refused[s.id]),
         )
         log.warning(
-            "%d leased steps were not run: their submitter may no longer run them",
+            "%d leased steps were not run: not approved, or their submitter may not run them",
             len(refused),
             extra={"event": "step_forbidden"},
         )
@@ -660,6 +666,22 @@ class DispatchService:
                 extra={"event": "schedule_to_start_expired"},
             )
         return expired
+
+    async def expire_approvals(self, *, limit: int = 500) -> int:
+        """Reject steps nobody approved in time (every replica may run this)."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            late = await store.overdue_approvals(conn, now=now, limit=limit)
+        return await self._settle(
+            late,
+            now=now,
+            due=lambda s: (
+                s.status is StepStatus.AWAITING_APPROVAL
+                and s.decide_by is not None
+                and s.decide_by < now
+            ),
+            decide=approvals.expired,
+        )
 
     async def fail_fast_open(self, *, limit: int = 500) -> int:
         """End the queued steps of tools whose breaker is open and set to fail fast."""

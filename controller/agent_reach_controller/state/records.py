@@ -47,6 +47,8 @@ class StepRow:
     priority: int = 0
     tenant: str = "default"
     key_id: str | None = None
+    approval: dict[str, Any] | None = None
+    decide_by: datetime | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:

@@ -666,6 +666,21 @@ async def queued_steps_of(conn: AsyncConnection, tools: Sequence[str], *, limit:
     return [key for (key,) in rows.all()]
 
 
+async def overdue_approvals(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
+    """Steps still waiting for a decision past their `decide_by` (the sweep's partial index)."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(
+            steps.c.status == StepStatus.AWAITING_APPROVAL,
+            steps.c.decide_by.is_not(None),
+            steps.c.decide_by < now,
+        )
+        .order_by(steps.c.decide_by)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
 async def unstarted_steps(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
     """Queued steps past their `start_by`, oldest first (the sweep's partial index)."""
     rows = await conn.execute(

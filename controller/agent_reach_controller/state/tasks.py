@@ -26,8 +26,8 @@ from agent_reach.states import (
 )
 from agent_reach_controller import audit
 from agent_reach_controller.db.engine import Database
-from agent_reach_controller.planning.plan import Plan
-from agent_reach_controller.state import store
+from agent_reach_controller.planning.plan import Plan, validate_resolved_args
+from agent_reach_controller.state import approvals, store
 from agent_reach_controller.state.advance import AdvanceInput, budget_for, decide_unblocks
 from agent_reach_controller.state.notifier import Notifier, Wake, task_key
 from agent_reach_controller.state.outcomes import Budget, decide_resolution, terminal_values
@@ -49,6 +49,43 @@ class StepNotResolvableError(Exception):
     def __init__(self, step_id: str, status: str) -> None:
         super().__init__(f"step {step_id!r} is {status}; only outcome_unknown steps are resolved")
         self.status = status
+
+
+class NotAwaitingApprovalError(Exception):
+    """Only a step waiting for approval can be approved or rejected."""
+
+    def __init__(self, step_id: str, status: str) -> None:
+        super().__init__(f"step {step_id!r} is {status}; only awaiting_approval steps are decided")
+
+
+class ApprovalExpiredError(Exception):
+    """The approval was not given in time; the step is (or is about to be) rejected."""
+
+
+class SelfApprovalError(Exception):
+    """Separation of duties: whoever submitted a task may not approve its steps."""
+
+
+class EditedArgumentsError(Exception):
+    """Edited arguments do not fit the tool's input schema; `problems` says where."""
+
+    def __init__(self, problems: list[Any]) -> None:
+        super().__init__("the edited arguments are invalid")
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalInput:
+    """A person's decision on a dangerous step."""
+
+    task_id: str
+    step_id: str
+    approve: bool
+    by: str
+    tenant: str
+    reason: str = ""
+    args: dict[str, Any] | None = None  # edited arguments, replacing the resolved ones
+    separation_of_duties: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,10 +155,18 @@ def request_hash(body: Any) -> str:
 class TaskService:
     """Everything that creates tasks or moves them forward outside of executor reports."""
 
-    def __init__(self, *, db: Database, registry: ToolRegistry, notifier: Notifier) -> None:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        registry: ToolRegistry,
+        notifier: Notifier,
+        approval_ttl: timedelta = timedelta(hours=1),
+    ) -> None:
         self._db = db
         self._registry = registry
         self._notifier = notifier
+        self._approval_ttl = approval_ttl
 
     async def submit(self, data: SubmitInput) -> Submitted:
         """Persist a validated plan and make its first steps ready, in one transaction."""
@@ -261,6 +306,22 @@ class TaskService:
                 )
         moved = await store.change_steps(conn, changes, now=now)
         after = {c.step.id: target(c.transition) for c in changes if c.step.id in moved}
+        asks = [
+            StepChange(
+                step=replace(c.step, status=StepStatus.READY, **c.values),
+                transition=Transition.REQUIRE_APPROVAL,
+                values=approvals.request_values(
+                    c.step, c.values["resolved_args"], now=now, ttl=self._approval_ttl
+                ),
+            )
+            for c in changes
+            if c.transition is Transition.UNBLOCK
+            and c.step.id in moved
+            and self._registry.get(c.step.tool, c.step.tool_version).risk == "dangerous"
+        ]
+        # Dangerous steps go on to wait for a person; they are never offered to an executor.
+        for asked in await store.change_steps(conn, asks, now=now):
+            after[asked] = StepStatus.AWAITING_APPROVAL
         result.ready_connectors.update(
             c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
         )
@@ -458,6 +519,60 @@ class TaskService:
                 conn,
                 connectors=advanced.ready_connectors
                 | ({step.connector} if data.action == "retry" else set()),
+                tasks=advanced.finished_tasks,
+            )
+            view = await self._view(conn, data.task_id)
+        await self._notifier.after_commit(wake)
+        return view
+
+    async def decide(self, data: ApprovalInput) -> TaskView:
+        """Approve (perhaps with edited arguments) or reject a step waiting for approval."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            await store.lock_tasks(conn, [data.task_id])
+            task = await store.load_task(conn, data.task_id)
+            if task is None or task.tenant != data.tenant:
+                raise TaskNotFoundError(data.task_id)
+            steps = {s.step_id: s for s in await store.load_steps(conn, [data.task_id])}
+            step = steps.get(data.step_id)
+            if step is None:
+                raise StepNotFoundError(data.step_id)
+            if step.status is not StepStatus.AWAITING_APPROVAL:
+                raise NotAwaitingApprovalError(step.step_id, step.status.value)
+            if data.separation_of_duties and task.principal == data.by:
+                raise SelfApprovalError(
+                    f"{data.by} submitted this task and may not also approve its steps"
+                )
+            if step.decide_by is not None and step.decide_by < now:
+                raise ApprovalExpiredError(f"the approval of step {step.step_id!r} has expired")
+            await self._registry.ensure([(step.tool, step.tool_version)])
+            tool = self._registry.get(step.tool, step.tool_version)
+            if data.args is not None and (problems := validate_resolved_args(tool, data.args)):
+                raise EditedArgumentsError(problems)
+            change = approvals.decided(
+                step,
+                tool,
+                approve=data.approve,
+                by=data.by,
+                reason=data.reason,
+                now=now,
+                args=data.args,
+            )
+            await store.change_steps(conn, [change], now=now)
+            await audit.record(
+                conn,
+                actor=data.by,
+                tenant=data.tenant,
+                action="approval.approve" if data.approve else "approval.reject",
+                target=f"task:{data.task_id}/step:{data.step_id}",
+                data={"reason": data.reason[:500], "edited": "resolved_args" in change.values},
+                now=now,
+            )
+            advanced = await self.advance(conn, [data.task_id], now=now, locked=True)
+            wake = await self._notifier.publish(
+                conn,
+                connectors=advanced.ready_connectors
+                | ({step.connector} if data.approve else set()),
                 tasks=advanced.finished_tasks,
             )
             view = await self._view(conn, data.task_id)
