@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from agent_reach_controller.planning import grounding
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition
 from agent_reach_controller.planning.graph import Node, dependency_problems
 from agent_reach_controller.planning.limits import (
@@ -196,6 +197,18 @@ def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: Proble
             out.add(where, P.INVALID_CONDITION, detail)
 
 
+def _check_grounding(
+    draft: StepDraft, spec: ToolSpec, context: dict[str, Any], out: ProblemCollector
+) -> None:
+    """Grounded arguments must come from the context or a reference (see planning/grounding)."""
+    assert draft.args is not None
+    where = draft.pointers["args"]
+    found = grounding.problems(spec.grounded, draft.args, context, base=where)
+    if not draft.args_addressable:  # a JSON string: point at it, the detail names the argument
+        found = [Problem(pointer=where, code=p.code, detail=p.detail) for p in found]
+    out.extend(found)
+
+
 def _step_retry(
     draft: StepDraft, spec: ToolSpec | None, out: ProblemCollector
 ) -> RetryPolicy | None:
@@ -279,6 +292,8 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         specs.append(spec)
         _check_args(draft, spec, ids=ids, limits=limits, out=out)
         _check_when(draft, ids, limits, out)
+        if spec is not None and spec.grounded and draft.args is not None:
+            _check_grounding(draft, spec, context, out)
     retries = [_step_retry(d, s, out) for d, s in zip(drafts, specs, strict=True)]
     timeouts = [_step_timeouts(d, out) for d in drafts]
     if out.items:

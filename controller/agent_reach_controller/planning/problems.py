@@ -27,6 +27,7 @@ class ProblemCode(StrEnum):
     INVALID_CONDITION = "invalid_condition"
     TOO_LARGE = "too_large"
     INVALID_NUMBER = "invalid_number"
+    UNGROUNDED_ARGUMENT = "ungrounded_argument"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -222,6 +222,9 @@ class ToolSpec(BaseModel):
     heartbeat: Seconds | None = None
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     risk: Literal["read", "write", "dangerous"] = "read"
+    # Arguments the model may not invent: each must appear in the submitted context or come
+    # from an earlier step's output (see planning/grounding.py).
+    grounded: list[str] = Field(default_factory=list)
     idempotent: bool = False
     # Another tool to try, with the same arguments, once this one has failed for good.
     fallback: str | None = None
@@ -239,6 +242,15 @@ class ToolSpec(BaseModel):
     @classmethod
     def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_json_schema(value)
+
+    @model_validator(mode="after")
+    def _grounded_are_arguments(self) -> ToolSpec:
+        known = self.input_schema.get("properties")
+        if isinstance(known, dict):
+            unknown = [name for name in self.grounded if name not in known]
+            if unknown:
+                raise ValueError(f"grounded names arguments the schema does not: {unknown}")
+        return self
 
     @cached_property
     def version(self) -> str:
