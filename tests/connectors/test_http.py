@@ -19,15 +19,18 @@ from tests.support.sink import Response, Sink
 
 CANARY = "canary-7b1e5d"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+# Every downstream here is on 127.0.0.1, which the SSRF guard refuses unless a tool allows it.
+LOCAL = ["127.0.0.1"]
 
 
 def call(config: dict[str, Any], args: dict[str, Any] | None = None, **kw: Any) -> ToolCall:
+    """A call of a tool whose config allows 127.0.0.1 (unless it says its own allow_hosts)."""
     values: dict[str, Any] = {
         "tool": "order.query",
         "task_id": "task",
         "step_id": "s1",
         "args": args or {},
-        "config": config,
+        "config": {"allow_hosts": LOCAL, **config},
         "idempotency_key": "task:s1",
         "attempt": 1,
         "max_attempts": 3,
@@ -390,13 +393,24 @@ async def test_secrets_never_appear_in_error_messages(http, sink, monkeypatch, c
         {"url": "http://127.0.0.1:1/x", "timeout": "5"},
         {"url": "http://127.0.0.1:1/x", "success_statuses": "200"},
         {"url": "http://127.0.0.1:1/x", "headers": ["nope"]},
-        {"url": "ftp://127.0.0.1:1/x"},
         {"url": "http://[::1/x"},
+        {"url": "http://127.0.0.1:1/x", "allow_hosts": "127.0.0.1"},
+        {"url": "http://127.0.0.1:1/x", "allow_hosts": ["*"]},
+        {"url": "http://127.0.0.1:1/x", "allow_hosts": ["10.0.0.0/33"]},
+        {"url": "http://127.0.0.1:1/x", "allow_hosts": ["127.0.0.1:0"]},
+        {"url": "http://127.0.0.1:1/x", "max_redirects": -1},
+        {"url": "http://127.0.0.1:1/x", "max_redirects": True},
     ],
 )
 async def test_bad_config_is_a_fatal_connector_error(http, config) -> None:
     error = await failure(http, call(config))
     assert (error.code, error.retryable) == ("connector_error", False)
+
+
+async def test_a_non_http_scheme_is_refused(http) -> None:
+    error = await failure(http, call({"url": "ftp://127.0.0.1:1/x"}))
+    assert (error.code, error.retryable) == ("destination_refused", False)
+    assert "only http and https" in error.message
 
 
 async def test_invoke_works_without_start_and_after_close(sink) -> None:

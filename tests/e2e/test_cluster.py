@@ -23,7 +23,11 @@ def sink_tools(directory: Path, sink_url: str) -> Path:
                         "name": "ledger.post",
                         "description": "Post an entry to the ledger.",
                         "connector": "http",
-                        "config": {"method": "POST", "url": f"{sink_url}/ledger"},
+                        "config": {
+                            "method": "POST",
+                            "url": f"{sink_url}/ledger",
+                            "allow_hosts": ["127.0.0.1"],  # the sink; refused otherwise
+                        },
                         "input_schema": {
                             "type": "object",
                             "required": ["entry"],
