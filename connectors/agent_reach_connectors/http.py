@@ -612,11 +612,13 @@ class HttpConnector:
         elif mode == "auto":
             params.update({k: _text(v) for k, v in rest.items() if v is not None})
         timeout = _timeout(call.tool, raw, call.timeout_s)
+        # Added to the URL's own query: httpx's `params=` would replace it (and drop, say, a
+        # `?key=` written into the configured URL).
+        target = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
         return httpx.Request(
             method,
-            url,
+            target,
             headers=headers,
-            params=params or None,
             content=content,
             extensions={"timeout": timeout.as_dict()},
         )

@@ -592,3 +592,15 @@ async def test_a_spent_quota_comes_back_with_the_output_and_a_429_throttles_the_
     unavailable = await failure(http, call(config))
     assert (unavailable.code, unavailable.throttle) == ("downstream_unavailable", 12.0)
     assert await http.invoke(call(config)) == {"ok": 2}
+
+
+def test_query_parameters_are_added_to_the_urls_own_query() -> None:
+    connector = HttpConnector()
+    config = {
+        "url": "http://127.0.0.1:9/find?key=abc",
+        "method": "GET",
+        "query": {"token": "t"},
+        "allow_hosts": ["127.0.0.1"],
+    }
+    request = connector.build_request(call(config, {"q": "x y"}))
+    assert request.url.params.multi_items() == [("key", "abc"), ("token", "t"), ("q", "x y")]

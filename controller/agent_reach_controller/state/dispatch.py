@@ -188,6 +188,7 @@ class DispatchService:
             counts[1 if failed else 0] += 1
         if not tally:
             return set()
+        await store.ensure_breakers(conn, tally, now=now)
         states = await store.load_breakers(conn, tally, lock=True)
         updated = []
         opened = set()

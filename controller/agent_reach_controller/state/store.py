@@ -168,6 +168,32 @@ async def load_breakers(
     }
 
 
+async def ensure_breakers(conn: AsyncConnection, tools: Iterable[str], *, now: datetime) -> None:
+    """Create missing breaker rows (closed), so that locking them always locks something.
+
+    Without a row, `SELECT … FOR UPDATE` locks nothing: two reports could both see no breaker,
+    both open it, and the second would overwrite the first's opening time.
+    """
+    names = sorted(set(tools))
+    if not names:
+        return
+    await conn.execute(
+        _insert(conn, breakers).on_conflict_do_nothing(index_elements=["tool"]),
+        [
+            {
+                "tool": name,
+                "state": BreakerState.CLOSED.value,
+                "window_started_at": now,
+                "calls": 0,
+                "failures": 0,
+                "opened_at": None,
+                "updated_at": now,
+            }
+            for name in names
+        ],
+    )
+
+
 async def save_breakers(conn: AsyncConnection, rows: Sequence[Breaker], *, now: datetime) -> None:
     """Insert or overwrite breaker rows."""
     if not rows:
