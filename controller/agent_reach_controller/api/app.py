@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_reach_controller.api.auth import Caller, ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
-from agent_reach_controller.api.problems import pointer_from_loc, problem_response
+from agent_reach_controller.api.problems import (
+    V1_PROBLEMS,
+    pointer_from_loc,
+    problem_response,
+    problem_responses,
+    single_query_values,
+)
 from agent_reach_controller.api.tasks import (
     BadJsonError,
     BodyTooLargeError,
@@ -49,7 +57,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@meta.get("/readyz", summary="Readiness: storage answers", responses={503: {"model": dict}})
+@meta.get("/readyz", summary="Readiness: storage answers", responses=problem_responses(503))
 async def readyz(deps: Deps) -> Response:
     try:
         await deps.db.ping()
@@ -69,7 +77,7 @@ def storage_unavailable() -> Response:
     )
 
 
-tools = APIRouter(prefix="/v1/tools", tags=["tools"])
+tools = APIRouter(prefix="/v1/tools", tags=["tools"], responses=V1_PROBLEMS)
 
 
 @tools.get("", summary="The tool catalogue, natively or as a model's tool list")
@@ -189,6 +197,19 @@ def _install_error_handlers(app: FastAPI) -> None:
             errors=errors,
         )
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own errors (a body it cannot parse, no such route or method) as problem+json.
+        phrase = HTTPStatus(exc.status_code).phrase
+        parse_error = exc.status_code == 400 and "parsing the body" in str(exc.detail)
+        return problem_response(
+            exc.status_code,
+            code="invalid_json" if parse_error else phrase.lower().replace(" ", "_"),
+            title="The body is not valid JSON" if parse_error else phrase,
+            detail=str(exc.detail),
+            headers=dict(exc.headers) if exc.headers else None,
+        )
+
     @app.exception_handler(BadJsonError)
     async def bad_json(_: Request, exc: BadJsonError) -> Response:
         return problem_response(
@@ -267,6 +288,7 @@ def create_app(components_: Components) -> FastAPI:
         title="Agent-Reach",
         version="0.1.0",
         summary="Model intents in; real, verified actions and honest receipts out.",
+        dependencies=[Depends(single_query_values)],
     )
     app.state.components = components_
     app.include_router(meta)

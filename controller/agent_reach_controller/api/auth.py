@@ -10,6 +10,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from agent_reach_controller.identity import keys
 from agent_reach_controller.identity.policy import Action, Principal
@@ -44,7 +45,16 @@ def _token(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-async def caller(request: Request) -> Principal:
+# Declared so the OpenAPI publishes both ways of sending a key (alternatives); `_token` reads them.
+_BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer ark_…")
+_API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="The same key, as a header")
+
+
+async def caller(
+    request: Request,
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    _api_key: Annotated[str | None, Depends(_API_KEY)],
+) -> Principal:
     app_components: Components = request.app.state.components
     token = _token(request)
     if token is None:

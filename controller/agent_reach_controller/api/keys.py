@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from agent_reach_controller.api.auth import Caller, require_admin
+from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.identity.service import NAME_PATTERN, KeyInfo
 from agent_reach_controller.runtime import Components
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=V1_PROBLEMS)
 
 
 class KeyIn(BaseModel):
@@ -61,7 +62,7 @@ def _components(request: Request) -> Components:
     return found
 
 
-@router.post("", status_code=201, response_model=KeyCreated)
+@router.post("", status_code=201, response_model=KeyCreated, responses=problem_responses(400))
 async def create_key(body: KeyIn, request: Request, who: Caller) -> KeyCreated:
     deps = _components(request)
     require_admin(deps, who)
@@ -81,7 +82,7 @@ async def list_keys(request: Request, who: Caller) -> KeyPage:
     return KeyPage(keys=[KeyOut.of(k) for k in await deps.keys.list()])
 
 
-@router.post("/{key_id}/revoke", response_model=KeyOut)
+@router.post("/{key_id}/revoke", response_model=KeyOut, responses=problem_responses(404))
 async def revoke_key(key_id: str, request: Request, who: Caller) -> KeyOut:
     deps = _components(request)
     require_admin(deps, who)

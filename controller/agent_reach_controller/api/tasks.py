@@ -12,7 +12,7 @@ from agent_reach.ids import parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require
-from agent_reach_controller.api.problems import problem_response
+from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.plan import parse_plan
@@ -24,7 +24,7 @@ from agent_reach_controller.state.tasks import (
     TaskNotFoundError,
 )
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses=V1_PROBLEMS)
 
 
 def components(request: Request) -> Components:
@@ -49,9 +49,11 @@ SUBMIT_BODY = {
         },
     }
 }
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": schemas.Problem, "content": {"application/problem+json": {}}}
-    for code in (400, 404, 409, 413, 422, 429, 503)
+PROBLEMS = problem_responses(400, 404, 409, 413, 429)
+# With ?wait=…, a task that ended in time is 200 with its receipts; otherwise 202 as without.
+SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": schemas.TaskOut, "description": "The task ended within ?wait"},
+    **PROBLEMS,
 }
 
 
@@ -104,7 +106,7 @@ class BadJsonError(Exception):
     "",
     status_code=202,
     response_model=schemas.TaskAccepted | schemas.TaskOut,
-    responses=PROBLEMS,
+    responses=SUBMIT_RESPONSES,
     openapi_extra=SUBMIT_BODY,
     summary="Submit a plan or a list of OpenAI tool calls",
 )
