@@ -174,3 +174,30 @@ async def test_an_approval_nobody_gives_expires_into_a_rejection(
                 headers=approver,
             )
         assert late.status_code == 409
+
+
+HELD = {
+    "name": "mail.send",
+    "description": "Sends an email.",
+    "connector": "echo",
+    "risk": "write",
+    "hold": "2s",
+}
+
+
+async def test_a_write_step_is_held_for_its_undo_window_and_a_cancel_stops_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path, [*TOOLS, HELD])) as c:
+        body = {"steps": [{"step_id": "m", "tool": "mail.send", "args": {}}]}
+        async with api_client(c) as client:
+            first = (await client.post("/v1/tasks", json=body)).json()["task_id"]
+            second = (await client.post("/v1/tasks", json=body)).json()["task_id"]
+            # Queued but not yet due: nothing runs inside the window.
+            assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+            cancelled = (await client.post(f"/v1/tasks/{first}/cancel")).json()
+        assert cancelled["steps"][0]["status"] == "cancelled"
+        # The other one runs once its window has passed.
+        [leased] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=3)
+        assert leased.task_id == second
+        assert (leased.started_at - leased.created_at).total_seconds() >= 2.0

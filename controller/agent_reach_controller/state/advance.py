@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent_reach.errors import ErrorCode
@@ -100,7 +100,10 @@ def _unblock(
         message = "not started: the task's attempt budget is spent"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
     values: dict[str, Any] = {"resolved_args": resolved}
-    due = start_by(step, tool, data.now)
+    if tool.hold is not None:
+        # The undo window: the step is queued but not due, and a cancel still stops it.
+        values["not_before"] = data.now + timedelta(seconds=tool.hold)
+    due = start_by(step, tool, values.get("not_before", data.now))
     if due is not None:
         values["start_by"] = due
     if tool.rate_limit is not None and tool.rate_limit.key is not None:

@@ -222,6 +222,9 @@ class ToolSpec(BaseModel):
     heartbeat: Seconds | None = None
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     risk: Literal["read", "write", "dangerous"] = "read"
+    # For `write` tools: how long a ready step waits before it may run, so that it can still
+    # be cancelled (an undo window); None: it runs at once.
+    hold: Seconds | None = None
     # Arguments the model may not invent: each must appear in the submitted context or come
     # from an earlier step's output (see planning/grounding.py).
     grounded: list[str] = Field(default_factory=list)
@@ -242,6 +245,12 @@ class ToolSpec(BaseModel):
     @classmethod
     def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_json_schema(value)
+
+    @model_validator(mode="after")
+    def _hold_is_for_writes(self) -> ToolSpec:
+        if self.hold is not None and self.risk != "write":
+            raise ValueError("hold applies to tools with risk: write")
+        return self
 
     @model_validator(mode="after")
     def _grounded_are_arguments(self) -> ToolSpec:
