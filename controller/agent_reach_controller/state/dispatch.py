@@ -18,7 +18,7 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
 from agent_reach_controller.flow.ratelimits import Rate, bucket_key
-from agent_reach_controller.state import approvals, store
+from agent_reach_controller.state import approvals, claims, flow_store, store
 from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
@@ -147,7 +147,7 @@ class DispatchService:
         tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
         caps = {t.name: t.concurrency for t in tools if t.concurrency is not None}
         guarded = {t.name: t.breaker for t in tools if t.breaker is not None}
-        states = await store.load_breakers(conn, guarded) if guarded else {}
+        states = await flow_store.load_breakers(conn, guarded) if guarded else {}
         for name, policy in guarded.items():
             allowed = breakers.admission(states.get(name), policy, now)
             if allowed is not None:
@@ -159,13 +159,13 @@ class DispatchService:
         guarded = [t for t in tools if (spec := self._registry.catalog.get(t)) and spec.breaker]
         if not guarded:
             return
-        states = await store.load_breakers(conn, guarded)
+        states = await flow_store.load_breakers(conn, guarded)
         probing = [
             replace(b, state=breakers.BreakerState.HALF_OPEN)
             for b in states.values()
             if b.state is breakers.BreakerState.OPEN
         ]
-        await store.save_breakers(conn, probing, now=now)
+        await flow_store.save_breakers(conn, probing, now=now)
 
     async def _record_outcomes(
         self, conn: AsyncConnection, changes: Sequence[StepChange], now: datetime
@@ -188,8 +188,8 @@ class DispatchService:
             counts[1 if failed else 0] += 1
         if not tally:
             return set()
-        await store.ensure_breakers(conn, tally, now=now)
-        states = await store.load_breakers(conn, tally, lock=True)
+        await flow_store.ensure_breakers(conn, tally, now=now)
+        states = await flow_store.load_breakers(conn, tally, lock=True)
         updated = []
         opened = set()
         for name, (ok_count, failed_count) in tally.items():
@@ -211,7 +211,7 @@ class DispatchService:
                         after.state,
                         extra={"event": "breaker_changed", "tool": name},
                     )
-        await store.save_breakers(conn, updated, now=now)
+        await flow_store.save_breakers(conn, updated, now=now)
         return opened
 
     async def _learn_pauses(
@@ -228,7 +228,7 @@ class DispatchService:
             if wait > 0:
                 longest[change.step.tool] = max(wait, longest.get(change.step.tool, 0.0))
         for tool, wait in sorted(longest.items()):
-            await store.pause_tool(
+            await flow_store.pause_tool(
                 conn,
                 tool,
                 until=now + timedelta(seconds=wait),
@@ -246,7 +246,7 @@ class DispatchService:
         """Every guarded tool's breaker, for operators (closed when it has no row yet)."""
         guarded = [t.name for t in self._registry.catalog.values() if t.breaker is not None]
         async with self._db.transaction() as conn:
-            states = await store.load_breakers(conn, guarded)
+            states = await flow_store.load_breakers(conn, guarded)
         return {
             name: {
                 "state": states[name].state.value if name in states else "closed",
@@ -309,7 +309,7 @@ class DispatchService:
         if limit <= 0 or not connectors:
             return [], None
         now = datetime.now(UTC)
-        claim = store.ClaimInput(
+        claim = claims.ClaimInput(
             executor_id=executor_id,
             connectors=connectors,
             limit=limit,
@@ -321,9 +321,9 @@ class DispatchService:
             if rules.active:
                 claimed = await self._claim_governed(conn, claim, rules)
             else:
-                claimed = await store.claim_ready(conn, claim)
+                claimed = await claims.claim_ready(conn, claim)
             if not claimed:
-                due = await store.next_due(conn, connectors, now=now)
+                due = await claims.next_due(conn, connectors, now=now)
                 paused = rules.pauses.values()
                 return [], min([due, *paused] if due else paused, default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
@@ -372,7 +372,7 @@ class DispatchService:
         self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
     ) -> dict[str, datetime]:
         """Tools of these connectors that their downstream asked to hold back, and until when."""
-        pauses = await store.active_pauses(conn, now=now)
+        pauses = await flow_store.active_pauses(conn, now=now)
         catalog = self._registry.catalog
         return {
             tool: until
@@ -393,7 +393,7 @@ class DispatchService:
         )
 
     async def _claim_governed(
-        self, conn: AsyncConnection, claim: store.ClaimInput, rules: Governance
+        self, conn: AsyncConnection, claim: claims.ClaimInput, rules: Governance
     ) -> list[StepRow]:
         """Lease within concurrency caps and rate limits; defer steps a bucket refuses.
 
@@ -402,17 +402,17 @@ class DispatchService:
         the queue without holding an executor slot, and pollers wake when it is due. A step
         whose tool or key is at its cap stays queued, and a finishing step wakes the pollers.
         """
-        free, free_keys = await store.room(conn, rules.caps, rules.per_key)
+        free, free_keys = await claims.room(conn, rules.caps, rules.per_key)
         skip = sorted({*rules.pauses, *(tool for tool, left in free.items() if left <= 0)})
         full_keys = sorted(key for key, left in free_keys.items() if left <= 0)
         picked: list[int] = []
         limited: list[tuple[int, str, Rate]] = []
-        candidates = await store.pick_ready(conn, claim, skip_tools=skip, skip_keys=full_keys)
+        candidates = await claims.pick_ready(conn, claim, skip_tools=skip, skip_keys=full_keys)
         for candidate in candidates:
             tool = candidate.tool
             if free.get(tool, 1) <= 0:
                 continue
-            held = store.held_key(tool, candidate.concurrency_key)
+            held = claims.held_key(tool, candidate.concurrency_key)
             if tool in rules.per_key and free_keys.get(held, rules.per_key[tool]) <= 0:
                 continue
             if tool in free:
@@ -437,9 +437,9 @@ class DispatchService:
                 later = wait + behind[bucket] * rate.interval
                 behind[bucket] += 1
                 deferred[key] = claim.now + timedelta(seconds=later)
-            await store.defer_steps(conn, deferred)
+            await claims.defer_steps(conn, deferred)
             self.counters.rate_limited += len(deferred)
-        return await store.lease_steps(conn, picked, claim)
+        return await claims.lease_steps(conn, picked, claim)
 
     async def poll(
         self, *, executor_id: str, connectors: Sequence[str], limit: int, wait: float
@@ -695,7 +695,7 @@ class DispatchService:
         if not guarded:
             return 0
         async with self._db.transaction() as conn:
-            states = await store.load_breakers(conn, guarded)
+            states = await flow_store.load_breakers(conn, guarded)
             shut = sorted(
                 name
                 for name, policy in guarded.items()

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.flow.ratelimits import Rate, admit, floor_tat
-from agent_reach_controller.state import store
+from agent_reach_controller.state import flow_store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class SqlLimiter:
         self.since = since
 
     async def acquire(self, conn: AsyncConnection, asks: Sequence[Ask], now: float) -> list[float]:
-        return await store.take_tokens(conn, asks, now=now, since=self.since)
+        return await flow_store.take_tokens(conn, asks, now=now, since=self.since)
 
     async def close(self) -> None:
         return None

@@ -1,10 +1,14 @@
-"""All SQL of the state machine, in one place. Every status write is a guarded compare-and-set."""
+"""SQL of steps, tasks and events. Every status write is a guarded compare-and-set.
+
+Leasing lives beside it in `claims.py`, and the flow-control rows (breakers, rate buckets,
+pauses) in `flow_store.py`.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -13,21 +17,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_reach.states import StepStatus, TaskStatus, Transition, apply, sources, target
+from agent_reach.states import StepStatus, TaskStatus, apply, target
 from agent_reach_controller.db.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.db.schema import (
     UtcDateTime,
-    breakers,
     events,
     idempotency_keys,
-    rate_buckets,
     steps,
     tasks,
-    tool_pauses,
     tools,
 )
-from agent_reach_controller.flow.breakers import Breaker, BreakerState
-from agent_reach_controller.flow.ratelimits import Rate, admit, floor_tat
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 
 
@@ -144,169 +143,12 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
 
 
-async def load_breakers(
-    conn: AsyncConnection, tools: Iterable[str], *, lock: bool = False
-) -> dict[str, Breaker]:
-    """Breaker rows of these tools (locked for update when `lock`)."""
-    names = sorted(set(tools))
-    if not names:
-        return {}
-    query = sa.select(breakers).where(breakers.c.tool.in_(names)).order_by(breakers.c.tool)
-    if lock:
-        query = query.with_for_update()
-    rows = (await conn.execute(query)).mappings()
-    return {
-        r["tool"]: Breaker(
-            tool=r["tool"],
-            state=BreakerState(r["state"]),
-            window_started_at=r["window_started_at"],
-            calls=r["calls"],
-            failures=r["failures"],
-            opened_at=r["opened_at"],
-        )
-        for r in rows
-    }
-
-
-async def ensure_breakers(conn: AsyncConnection, tools: Iterable[str], *, now: datetime) -> None:
-    """Create missing breaker rows (closed), so that locking them always locks something.
-
-    Without a row, `SELECT … FOR UPDATE` locks nothing: two reports could both see no breaker,
-    both open it, and the second would overwrite the first's opening time.
-    """
-    names = sorted(set(tools))
-    if not names:
-        return
-    await conn.execute(
-        _insert(conn, breakers).on_conflict_do_nothing(index_elements=["tool"]),
-        [
-            {
-                "tool": name,
-                "state": BreakerState.CLOSED.value,
-                "window_started_at": now,
-                "calls": 0,
-                "failures": 0,
-                "opened_at": None,
-                "updated_at": now,
-            }
-            for name in names
-        ],
-    )
-
-
-async def save_breakers(conn: AsyncConnection, rows: Sequence[Breaker], *, now: datetime) -> None:
-    """Insert or overwrite breaker rows."""
-    if not rows:
-        return
-    stmt = _insert(conn, breakers)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["tool"],
-        set_={
-            c: stmt.excluded[c]
-            for c in ("state", "window_started_at", "calls", "failures", "opened_at", "updated_at")
-        },
-    )
-    await conn.execute(
-        stmt,
-        [
-            {
-                "tool": b.tool,
-                "state": b.state.value,
-                "window_started_at": b.window_started_at,
-                "calls": b.calls,
-                "failures": b.failures,
-                "opened_at": b.opened_at,
-                "updated_at": now,
-            }
-            for b in rows
-        ],
-    )
-
-
 async def queue_depth(conn: AsyncConnection) -> int:
     """Steps waiting for an executor (ready, due or not), over the claim query's partial index."""
     row = await conn.execute(
         sa.select(sa.func.count()).select_from(steps).where(steps.c.status == StepStatus.READY)
     )
     return int(row.scalar_one())
-
-
-async def next_due(
-    conn: AsyncConnection, connectors: Sequence[str], *, now: datetime
-) -> datetime | None:
-    """When the earliest deferred ready step of these connectors becomes due (after `now`).
-
-    Steps already due but not leased (their tool is at its cap) are not counted: a finishing
-    step of that tool wakes the pollers instead.
-    """
-    row = await conn.execute(
-        sa.select(sa.func.min(steps.c.not_before)).where(
-            steps.c.status == StepStatus.READY,
-            steps.c.connector.in_(connectors),
-            steps.c.not_before > now,
-        )
-    )
-    value: datetime | None = row.scalar_one_or_none()
-    return value
-
-
-# --- rate limits and pauses ----------------------------------------------------------------
-
-
-async def take_tokens(
-    conn: AsyncConnection, asks: Sequence[tuple[str, Rate]], *, now: float, since: float
-) -> list[float]:
-    """GCRA over the `rate_buckets` rows, locked in name order: the wait of each ask, 0 if taken."""
-    names = sorted({bucket for bucket, _ in asks})
-    await conn.execute(
-        _insert(conn, rate_buckets).on_conflict_do_nothing(index_elements=["bucket"]),
-        [{"bucket": name, "tat": 0.0} for name in names],
-    )
-    rows = await conn.execute(
-        sa.select(rate_buckets.c.bucket, rate_buckets.c.tat)
-        .where(rate_buckets.c.bucket.in_(names))
-        .order_by(rate_buckets.c.bucket)
-        .with_for_update()
-    )
-    tats: dict[str, float] = {bucket: float(tat) for bucket, tat in rows.all()}
-    before = dict(tats)
-    waits = []
-    for bucket, rate in asks:
-        tats[bucket], wait = admit(tats[bucket], now, rate, floor=floor_tat(rate, since))
-        waits.append(wait)
-    changed = [{"b": b, "tat": t} for b, t in tats.items() if t != before[b]]
-    if changed:
-        await conn.execute(
-            sa.update(rate_buckets)
-            .where(rate_buckets.c.bucket == sa.bindparam("b"))
-            .values(tat=sa.bindparam("tat")),
-            changed,
-        )
-    return waits
-
-
-async def active_pauses(conn: AsyncConnection, *, now: datetime) -> dict[str, datetime]:
-    """Tools held back by their downstream right now, and until when."""
-    rows = await conn.execute(
-        sa.select(tool_pauses.c.tool, tool_pauses.c.until).where(tool_pauses.c.until > now)
-    )
-    return {tool: until for tool, until in rows.all()}
-
-
-async def pause_tool(
-    conn: AsyncConnection, tool: str, *, until: datetime, reason: str, now: datetime
-) -> None:
-    """Hold a tool back until `until`; a longer pause already in place is kept."""
-    stmt = _insert(conn, tool_pauses).values(tool=tool, until=until, reason=reason, updated_at=now)
-    longer = sa.case(
-        (stmt.excluded.until > tool_pauses.c.until, stmt.excluded.until), else_=tool_pauses.c.until
-    )
-    await conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["tool"],
-            set_={"until": longer, "reason": reason, "updated_at": now},
-        )
-    )
 
 
 # --- steps: transitions ---------------------------------------------------------------------
@@ -437,248 +279,6 @@ async def _change_steps_set_based(
         result = await conn.execute(sql, {"rows": payload, "now": now})
         moved.update({r[0]: r[1] for r in result.all()})
     return moved
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimInput:
-    executor_id: str
-    connectors: Sequence[str]
-    limit: int
-    now: datetime
-    lease_expires_at: datetime
-
-
-# Fair order on Postgres in one statement. `owners` walks the distinct tenants with queued
-# steps through the fair index (a loose index scan: one probe per tenant, however long their
-# queues); each then gives its first `limit` due steps (LATERAL, same index); the outer query
-# deals them out: priority first, then one step per tenant in turn, oldest first.
-_FAIR_ORDER = sa.text(
-    """
-WITH RECURSIVE owners(p) AS (
-    (SELECT tenant FROM steps WHERE status = 'ready' ORDER BY tenant LIMIT 1)
-    UNION ALL
-    SELECT (SELECT tenant FROM steps
-            WHERE status = 'ready' AND tenant > owners.p ORDER BY tenant LIMIT 1)
-    FROM owners WHERE owners.p IS NOT NULL
-)
-SELECT q.id FROM (
-    SELECT s.id, s.priority,
-           row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
-    FROM owners o, LATERAL (
-        SELECT id, priority FROM steps
-        WHERE status = 'ready' AND tenant = o.p
-          AND connector = ANY(:connectors) AND tool <> ALL(:skip)
-          AND tool || ':' || coalesce(concurrency_key, '') <> ALL(:skip_keys)
-          AND (not_before IS NULL OR not_before <= :now)
-        ORDER BY priority DESC, id
-        LIMIT :limit
-    ) s
-    WHERE o.p IS NOT NULL
-) q
-ORDER BY q.priority DESC, q.turn, q.id
-LIMIT :limit
-"""
-).bindparams(
-    sa.bindparam("connectors", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("skip", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("skip_keys", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("now", type_=UtcDateTime()),
-)
-
-
-def held_key(tool: str, key: str | None) -> str:
-    """How `fair_order` names one key value of a tool (a `skip_keys` entry)."""
-    return f"{tool}:{key or ''}"
-
-
-async def fair_order(
-    conn: AsyncConnection,
-    claim: ClaimInput,
-    *,
-    skip_tools: Sequence[str] = (),
-    skip_keys: Sequence[str] = (),
-) -> list[int]:
-    """Up to `limit` due ready steps in dispatch order, not yet locked.
-
-    Higher priority first; within a priority, tenants take turns, each oldest first, so
-    one tenant's burst of thousands of steps does not starve another's single step.
-    """
-    if conn.dialect.name == "postgresql":
-        rows = await conn.execute(
-            _FAIR_ORDER,
-            {
-                "connectors": list(claim.connectors),
-                "skip": list(skip_tools),
-                "skip_keys": list(skip_keys),
-                "now": claim.now,
-                "limit": claim.limit,
-            },
-        )
-        return [key for (key,) in rows.all()]
-    turn = sa.func.row_number().over(
-        partition_by=steps.c.tenant, order_by=(steps.c.priority.desc(), steps.c.id)
-    )
-    due = (
-        sa.select(steps.c.id, steps.c.priority, turn.label("turn"))
-        .where(
-            steps.c.status.in_(sources(Transition.LEASE)),
-            steps.c.connector.in_(list(claim.connectors)),
-            sa.or_(steps.c.not_before.is_(None), steps.c.not_before <= claim.now),
-            steps.c.tool.not_in(list(skip_tools)),
-            (steps.c.tool + ":" + sa.func.coalesce(steps.c.concurrency_key, "")).not_in(
-                list(skip_keys)
-            ),
-        )
-        .subquery()
-    )
-    rows = await conn.execute(
-        sa.select(due.c.id).order_by(due.c.priority.desc(), due.c.turn, due.c.id).limit(claim.limit)
-    )
-    return [key for (key,) in rows.all()]
-
-
-def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
-    """These steps if still queued, locked; rows another claimer holds are skipped."""
-    return (
-        sa.select(steps.c.id)
-        .where(steps.c.id.in_(list(keys)), steps.c.status.in_(sources(Transition.LEASE)))
-        .with_for_update(skip_locked=True)
-    )
-
-
-async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
-    """Lease up to `limit` due ready steps to an executor, in fair order.
-
-    The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit.
-    """
-    keys = await fair_order(conn, claim)
-    if not keys:
-        return []
-    # Materialized: an IN (SELECT … SKIP LOCKED) subquery may be evaluated more than once by
-    # the planner and lease rows it did not lock.
-    picked = _lockable(keys).cte("picked").prefix_with("MATERIALIZED")
-    return await _lease(conn, steps.c.id == picked.c.id, claim)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    key: int
-    tool: str
-    rate_key: str | None
-    concurrency_key: str | None
-
-
-async def pick_ready(
-    conn: AsyncConnection,
-    claim: ClaimInput,
-    *,
-    skip_tools: Sequence[str] = (),
-    skip_keys: Sequence[str] = (),
-) -> list[Candidate]:
-    """Due ready steps to consider for a lease, in fair order, locked until the transaction ends."""
-    keys = await fair_order(conn, claim, skip_tools=skip_tools, skip_keys=skip_keys)
-    if not keys:
-        return []
-    query = _lockable(keys).add_columns(steps.c.tool, steps.c.rate_key, steps.c.concurrency_key)
-    found = {row[0]: Candidate(*row) for row in (await conn.execute(query)).all()}
-    return [found[key] for key in keys if key in found]
-
-
-async def lease_steps(
-    conn: AsyncConnection, keys: Sequence[int], claim: ClaimInput
-) -> list[StepRow]:
-    """Lease these picked steps."""
-    return await _lease(conn, steps.c.id.in_(list(keys)), claim) if keys else []
-
-
-async def defer_steps(conn: AsyncConnection, due: Mapping[int, datetime]) -> None:
-    """Push picked ready steps back in the queue until their time (a durable wait, no event)."""
-    if not due:
-        return
-    await conn.execute(
-        sa.update(steps)
-        .where(steps.c.id == sa.bindparam("key"), steps.c.status == StepStatus.READY)
-        .values(not_before=sa.bindparam("due")),
-        [{"key": key, "due": when} for key, when in due.items()],
-    )
-
-
-async def room(
-    conn: AsyncConnection, concurrency: Mapping[str, int], per_key: Mapping[str, int]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Free slots per capped tool, and per key value (`held_key`) of tools capped per key.
-
-    Counted under each tool's advisory lock (taken in name order, transaction-scoped), so two
-    replicas never both see room for the same last slot.
-    """
-    await _lock_caps(conn, sorted({*concurrency, *per_key}))
-    free = await _free_per_tool(conn, concurrency)
-    if not per_key:
-        return free, {}
-    rows = await conn.execute(
-        sa.select(steps.c.tool, steps.c.concurrency_key, sa.func.count())
-        .where(steps.c.status == StepStatus.RUNNING, steps.c.tool.in_(list(per_key)))
-        .group_by(steps.c.tool, steps.c.concurrency_key)
-    )
-    free_keys = {held_key(tool, key): per_key[tool] - int(n) for tool, key, n in rows.all()}
-    return free, free_keys
-
-
-async def _lock_caps(conn: AsyncConnection, tools: Sequence[str]) -> None:
-    if conn.dialect.name == "postgresql":
-        for tool in tools:
-            await conn.execute(
-                sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-                {"key": f"agent_reach:v1:concurrency:{tool}"},
-            )
-
-
-async def _free_per_tool(conn: AsyncConnection, concurrency: Mapping[str, int]) -> dict[str, int]:
-    tools = sorted(concurrency)
-    if not tools:
-        return {}
-    rows = await conn.execute(
-        sa.select(steps.c.tool, sa.func.count())
-        .where(steps.c.status == StepStatus.RUNNING, steps.c.tool.in_(tools))
-        .group_by(steps.c.tool)
-    )
-    running = {tool: int(count) for tool, count in rows.all()}
-    return {tool: concurrency[tool] - running.get(tool, 0) for tool in tools}
-
-
-async def _lease(
-    conn: AsyncConnection, which: sa.ColumnElement[bool], claim: ClaimInput
-) -> list[StepRow]:
-    stmt = (
-        sa.update(steps)
-        .where(which, steps.c.status.in_(sources(Transition.LEASE)))
-        .values(
-            status=target(Transition.LEASE),
-            lease_owner=claim.executor_id,
-            lease_expires_at=claim.lease_expires_at,
-            started_at=sa.func.coalesce(steps.c.started_at, claim.now),
-            updated_at=claim.now,
-        )
-        .returning(*steps.c)
-    )
-    claimed = [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
-    await append_events(
-        conn,
-        [
-            NewEvent(
-                task_id=s.task_id,
-                step_id=s.step_id,
-                kind=Transition.LEASE.value,
-                from_status=StepStatus.READY,
-                to_status=s.status,
-                attempt=s.attempt,
-                data={"executor_id": claim.executor_id},
-                created_at=claim.now,
-            )
-            for s in claimed
-        ],
-    )
-    return claimed
 
 
 async def queued_steps_of(conn: AsyncConnection, tools: Sequence[str], *, limit: int) -> list[int]:
@@ -949,7 +549,7 @@ async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> t
     one's record, so exactly one task is created per key.
     """
     await conn.execute(
-        _insert(conn, idempotency_keys)
+        dialect_insert(conn, idempotency_keys)
         .values(**row)
         .on_conflict_do_nothing(index_elements=["principal", "key"])
     )
@@ -964,7 +564,7 @@ async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> t
     return stored[0], stored[1]
 
 
-def _insert(conn: AsyncConnection, table: sa.Table) -> Any:
+def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
     """INSERT with ON CONFLICT support in the connection's dialect."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
@@ -976,7 +576,8 @@ async def save_tool_versions(conn: AsyncConnection, rows: Sequence[dict[str, Any
     if not rows:
         return
     await conn.execute(
-        _insert(conn, tools).on_conflict_do_nothing(index_elements=["name", "version"]), list(rows)
+        dialect_insert(conn, tools).on_conflict_do_nothing(index_elements=["name", "version"]),
+        list(rows),
     )
 
 
