@@ -14,7 +14,7 @@ from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import task_out
-from agent_reach_controller.identity.policy import Action
+from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.tasks import (
@@ -200,9 +200,7 @@ async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
 async def resolve_step(
     task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    await deps.tasks.check_tenant(task_id, who.tenant)
-    step = await deps.tasks.step(task_id, step_id)
-    require(deps, who, Action.APPROVE, step.tool)
+    await _require_approver(deps, who, task_id, step_id)
     view = await deps.tasks.resolve(
         ResolveInput(
             task_id=task_id,
@@ -226,9 +224,7 @@ async def resolve_step(
 async def decide_step(
     task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    await deps.tasks.check_tenant(task_id, who.tenant)
-    step = await deps.tasks.step(task_id, step_id)
-    require(deps, who, Action.APPROVE, step.tool)
+    await _require_approver(deps, who, task_id, step_id)
     view = await deps.tasks.decide(
         ApprovalInput(
             task_id=task_id,
@@ -242,6 +238,12 @@ async def decide_step(
         )
     )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+async def _require_approver(deps: Components, who: Principal, task_id: str, step_id: str) -> None:
+    """404 unless the step is in the caller's tenant; 403 unless it may approve its tool."""
+    step = await deps.tasks.step(task_id, step_id, tenant=who.tenant)
+    require(deps, who, Action.APPROVE, step.tool)
 
 
 @router.get("/{task_id}/events", response_model=schemas.EventPage, responses=PROBLEMS)

@@ -50,9 +50,8 @@ class KeyService:
     def __init__(self, db: Database, *, cache_seconds: float = 2.0) -> None:
         self._db = db
         self._cache_seconds = cache_seconds
-        # key id -> (until, owner, secret hash): the secret is still checked on every request.
-        self._cache: dict[str, tuple[float, Principal, str]] = {}
-        self._infos: dict[str, tuple[float, KeyInfo | None]] = {}
+        # key id -> (until, its record and secret hash, or None for no such key).
+        self._cache: dict[str, tuple[float, tuple[KeyInfo, str] | None]] = {}
 
     async def create(
         self, *, name: str, tenant: str, roles: list[str], created_by: str
@@ -92,13 +91,18 @@ class KeyService:
         return [KeyInfo.of(r) for r in rows]
 
     async def get(self, key_id: str) -> KeyInfo | None:
+        found = await self._load(key_id)
+        return found[0] if found else None
+
+    async def _load(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        """A key's record and its secret's hash, read from the database."""
         async with self._db.transaction() as conn:
             row = (
                 (await conn.execute(sa.select(api_keys).where(api_keys.c.key_id == key_id)))
                 .mappings()
                 .first()
             )
-        return KeyInfo.of(row) if row else None
+        return (KeyInfo.of(row), row["secret_hash"]) if row else None
 
     async def revoke(self, key_id: str, *, by: str = "reach keys revoke") -> bool:
         """Revoke a key; False when there is no such live key."""
@@ -119,44 +123,37 @@ class KeyService:
                     now=now,
                 )
         self._cache.pop(key_id, None)
-        self._infos.pop(key_id, None)
         return bool(done.rowcount)
 
     async def recent(self, key_id: str) -> KeyInfo | None:
         """A key's record, remembered for a couple of seconds (a revoke here forgets it)."""
+        found = await self._remembered(key_id)
+        return found[0] if found else None
+
+    async def _remembered(self, key_id: str) -> tuple[KeyInfo, str] | None:
         now = time.monotonic()
-        cached = self._infos.get(key_id)
+        cached = self._cache.get(key_id)
         if cached is None or cached[0] <= now:
-            cached = (now + self._cache_seconds, await self.get(key_id))
-            self._infos[key_id] = cached
+            cached = (now + self._cache_seconds, await self._load(key_id))
+            self._cache[key_id] = cached
         return cached[1]
 
     async def authenticate(self, token: str) -> Principal | None:
-        """The principal a token stands for, or None (malformed, unknown, wrong or revoked)."""
+        """The principal a token stands for, or None (malformed, unknown, wrong or revoked).
+
+        The key's record may be a couple of seconds old; its secret is checked every time.
+        """
         parsed = keys.parse(token)
         if parsed is None:
             return None
         key_id, secret = parsed
-        cached = self._cache.get(key_id)
-        now = time.monotonic()
-        if cached is not None and cached[0] > now:
-            _, owner, stored = cached
-            return owner if keys.matches(secret, stored) else None
-        async with self._db.transaction() as conn:
-            row = (
-                (await conn.execute(sa.select(api_keys).where(api_keys.c.key_id == key_id)))
-                .mappings()
-                .first()
-            )
-        if row is None or row["revoked_at"] is not None:
+        found = await self._remembered(key_id)
+        if found is None:
             return None
-        if not keys.matches(secret, row["secret_hash"]):
+        info, secret_hash = found
+        if info.revoked_at is not None or not keys.matches(secret, secret_hash):
             return None
-        principal = Principal(
-            name=row["name"], tenant=row["tenant"], roles=tuple(row["roles"]), key_id=key_id
-        )
-        self._cache[key_id] = (now + self._cache_seconds, principal, row["secret_hash"])
-        return principal
+        return Principal(name=info.name, tenant=info.tenant, roles=info.roles, key_id=key_id)
 
 
 class Grants:

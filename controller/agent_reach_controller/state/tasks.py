@@ -377,9 +377,12 @@ class TaskService:
                 conn, tenant=tenant, status=status, before=before, limit=limit
             )
 
-    async def step(self, task_id: str, step_id: str) -> StepRow:
-        """One step of a task, or StepNotFoundError."""
+    async def step(self, task_id: str, step_id: str, *, tenant: str) -> StepRow:
+        """One step of a tenant's task; TaskNotFoundError or StepNotFoundError otherwise."""
         async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+            if task is None or task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
             found = [s for s in await store.load_steps(conn, [task_id]) if s.step_id == step_id]
         if not found:
             raise StepNotFoundError(step_id)

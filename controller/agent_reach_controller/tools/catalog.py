@@ -162,9 +162,13 @@ class Timeouts(BaseModel):
 
     @classmethod
     def effective(cls, tool: ToolSpec, overrides: Mapping[str, Any] | None) -> Timeouts:
-        """The tool's timeouts with a step's overrides applied."""
+        """The tool's timeouts with a step's overrides applied.
+
+        Both were validated already (the tool when loaded, the overrides when the plan was
+        parsed), and this runs for every unblock and every assignment: no validation again.
+        """
         values = {name: getattr(tool, name) for name in cls.model_fields}
-        return cls.model_validate(values | {k: v for k, v in (overrides or {}).items() if v})
+        return cls.model_construct(**(values | {k: v for k, v in (overrides or {}).items() if v}))
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
