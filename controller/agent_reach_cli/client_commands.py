@@ -90,8 +90,3 @@ def approve(args: argparse.Namespace) -> int:
     url = f"{_url(args)}/v1/tasks/{args.task_id}/steps/{args.step_id}/approval"
     response = _request("POST", url, args, json=decision)
     return 2 if response is None else _print(response)
-
-
-def tools(args: argparse.Namespace) -> int:
-    response = _request("GET", f"{_url(args)}/v1/tools", args, params={"format": args.format})
-    return 2 if response is None else _print(response)

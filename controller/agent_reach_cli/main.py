@@ -7,7 +7,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent_reach_cli import audit_commands, client_commands, key_commands, process_commands
+from agent_reach_cli import (
+    audit_commands,
+    client_commands,
+    key_commands,
+    process_commands,
+    tool_commands,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -71,7 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_ in (
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
         ("status", client_commands.status, "show a task and its receipts"),
-        ("tools", client_commands.tools, "list the controller's tools"),
         ("resolve", client_commands.resolve, "resolve a step whose outcome is unknown"),
         ("approve", client_commands.approve, "approve (or --reject) a dangerous step"),
     ):
@@ -99,8 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reject", action="store_true", help="reject instead of approving")
             p.add_argument("--reason", help="why (recorded; on a rejection the model reads it)")
             p.add_argument("--args", help="approve these arguments instead (a JSON object)")
-        else:
-            p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
+    tool_commands.add_parser(sub)
     key_commands.add_parsers(sub)
     return parser
 

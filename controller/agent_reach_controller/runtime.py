@@ -34,13 +34,14 @@ log = logging.getLogger(__name__)
 # Every Redis key and channel lives under this versioned prefix.
 REDIS_PREFIX = "agent_reach:v1:"
 WAKE_CHANNEL = f"{REDIS_PREFIX}wake"
+# Who the audit log and tool history name for changes made by the --tools files.
+TOOLS_FILE_PRINCIPAL = "tools-file"
 
 
 @dataclass(slots=True, kw_only=True)
 class Components:
     settings: ControllerSettings
     db: Database
-    catalog: ToolCatalog
     registry: ToolRegistry
     notifier: Notifier
     tasks: TaskService
@@ -48,6 +49,11 @@ class Components:
     limiter: RateLimiter
     keys: KeyService
     policy: Policy
+
+    @property
+    def catalog(self) -> ToolCatalog:
+        """The live catalogue as this replica last saw it (see ToolRegistry.refresh)."""
+        return self.registry.catalog
 
     async def close(self) -> None:
         await self.limiter.close()
@@ -82,9 +88,11 @@ async def open_components(settings: ControllerSettings) -> Components:
     if settings.migrate:
         await asyncio.to_thread(migrate.upgrade, url)
     db = Database(url, pool_size=settings.db_pool_size)
-    catalog = ToolCatalog.from_yaml_files(settings.tools)
-    registry = ToolRegistry(catalog, db)
-    await registry.sync()
+    registry = ToolRegistry(db)
+    # The files own the tools they define: each start makes the catalogue hold them as written
+    # (tools added through the API stay; `reach tools import --prune` is the full sync).
+    files = ToolCatalog.from_yaml_files(settings.tools)
+    await registry.apply(files.values(), principal=TOOLS_FILE_PRINCIPAL)
     notifier = _notifier(settings, db)
     await notifier.start()
     tasks = TaskService(
@@ -110,7 +118,6 @@ async def open_components(settings: ControllerSettings) -> Components:
     return Components(
         settings=settings,
         db=db,
-        catalog=catalog,
         registry=registry,
         notifier=notifier,
         tasks=tasks,

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     RESOLVED_FAILED = "resolved_failed"
     CIRCUIT_OPEN = "circuit_open"
     FORBIDDEN = "forbidden"
+    TOOL_UNAVAILABLE = "tool_unavailable"
     REJECTED = "rejected"
     DESTINATION_REFUSED = "destination_refused"
     # API problems (submit-time).
@@ -99,6 +100,11 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
     ),
     ErrorCode.FORBIDDEN: ErrorKind(
         retryable=False, http_status=403, title="Not allowed to run this tool"
+    ),
+    ErrorCode.TOOL_UNAVAILABLE: ErrorKind(
+        retryable=False,
+        http_status=410,
+        title="Not called: the tool was disabled or deleted after the step was accepted",
     ),
     ErrorCode.DESTINATION_REFUSED: ErrorKind(
         retryable=False,

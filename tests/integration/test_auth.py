@@ -249,7 +249,9 @@ async def test_state_changing_calls_land_in_the_audit_log_with_who(
                 )
             ).all()
         assert [tuple(r) for r in rows] == [
-            ("test", "key.create", rows[0][2]),
+            ("tools-file", "tool.create", "tool:echo.say"),
+            ("tools-file", "tool.create", "tool:echo.count"),
+            ("test", "key.create", rows[2][2]),
             ("alice", "task.submit", f"task:{task_id}"),
             ("alice", "task.cancel", f"task:{task_id}"),
         ]

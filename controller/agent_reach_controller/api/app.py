@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_reach_controller.api.auth import Caller, ForbiddenError, UnauthenticatedError
+from agent_reach_controller.api import tools
+from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
 from agent_reach_controller.api.problems import (
-    V1_PROBLEMS,
     pointer_from_loc,
     problem_response,
     problem_responses,
@@ -30,7 +30,6 @@ from agent_reach_controller.api.tasks import (
 )
 from agent_reach_controller.api.tasks import router as tasks_router
 from agent_reach_controller.db.engine import STORAGE_DOWN
-from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.dispatch import QueueFullError
@@ -75,40 +74,6 @@ def storage_unavailable() -> Response:
         detail="the database did not answer; retry after the delay given",
         headers={"Retry-After": RETRY_AFTER_S},
     )
-
-
-tools = APIRouter(prefix="/v1/tools", tags=["tools"], responses=V1_PROBLEMS)
-
-
-@tools.get("", summary="The tool catalogue, natively or as a model's tool list")
-async def list_tools(
-    deps: Deps,
-    who: Caller,
-    format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",
-) -> Any:
-    """Only the tools the caller may submit: a model is never shown what it cannot run."""
-    mine = deps.catalog.only(lambda t: deps.policy.allows(who.roles, Action.SUBMIT, t.name))
-    if format == "openai":
-        return mine.to_openai()
-    if format == "anthropic":
-        return mine.to_anthropic()
-    return {
-        "tools": [
-            {"version": t.version, **t.model_dump(mode="json")} for t in mine.values() if t.enabled
-        ]
-    }
-
-
-@tools.get("/breakers", summary="Circuit breaker state of every tool that has one")
-async def tool_breakers(deps: Deps, who: Caller) -> dict[str, Any]:
-    states = await deps.dispatch.breaker_states()
-    return {
-        "breakers": {
-            name: state
-            for name, state in states.items()
-            if deps.policy.allows(who.roles, Action.SUBMIT, name)
-        }
-    }
 
 
 def _install_auth_handlers(app: FastAPI) -> None:
@@ -293,9 +258,11 @@ def create_app(components_: Components) -> FastAPI:
     app.state.components = components_
     app.include_router(meta)
     app.include_router(tasks_router)
-    app.include_router(tools)
+    app.include_router(tools.catalogue)  # before `tools.router`: `/v1/tools:export` is no tool
+    app.include_router(tools.router)
     app.include_router(keys_router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
+    tools.install_handlers(app)
     _install_fallback_handlers(app)
     return app

@@ -59,6 +59,15 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def _read_json(request: Request, limit: int) -> Any:
     """The body as JSON, refusing more than `limit` bytes before buffering them."""
+    body = await read_body(request, limit)
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadJsonError(str(exc)) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing more than `limit` bytes before buffering them (413)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLargeError(limit)
@@ -69,11 +78,7 @@ async def _read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise BodyTooLargeError(limit)
         chunks.append(chunk)
-    body = b"".join(chunks)
-    try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise BadJsonError(str(exc)) from None
+    return b"".join(chunks)
 
 
 def _reject_constant(name: str) -> Any:
@@ -119,6 +124,7 @@ async def submit_task(
     traceparent: Annotated[str | None, Header()] = None,
 ) -> Response:
     body = await _read_json(request, deps.settings.max_body_bytes)
+    await deps.registry.refresh()  # validate against the catalogue as it is now
     plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
     for tool in sorted({s.tool for s in plan.steps}):
         require(deps, who, Action.SUBMIT, tool)

@@ -58,6 +58,40 @@ tools = sa.Table(
     _now_column("created_at"),
 )
 
+# The live catalogue: which version of each tool is current (`state/registry.py`). Versions in
+# `tools` are immutable and kept after a delete, so tasks pinned to them still resolve.
+tool_heads = sa.Table(
+    "tool_heads",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("version", sa.String(16), nullable=False),
+    # The catalogue revision of this tool's last change (its ETag).
+    sa.Column("revision", sa.BigInteger(), nullable=False),
+    sa.Column("updated_by", sa.String(128), nullable=False),
+    _now_column("updated_at"),
+)
+
+# Every change to the catalogue, in order; `revision` numbers the whole catalogue's history.
+tool_changes = sa.Table(
+    "tool_changes",
+    metadata,
+    sa.Column("revision", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(128), nullable=False, index=True),
+    sa.Column("action", sa.String(16), nullable=False),
+    # None for a delete.
+    sa.Column("version", sa.String(16)),
+    sa.Column("principal", sa.String(128), nullable=False),
+    _now_column("created_at"),
+)
+
+# One row: the catalogue's current revision. Writers lock it; replicas compare it to reload.
+catalog_state = sa.Table(
+    "catalog_state",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("revision", sa.BigInteger(), nullable=False),
+)
+
 tasks = sa.Table(
     "tasks",
     metadata,

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
@@ -317,6 +318,7 @@ class DispatchService:
             lease_expires_at=now + self.timings.lease,
         )
         async with self._db.transaction() as conn:
+            await self._registry.refresh(conn)  # a tool disabled a moment ago is refused now
             rules = await self._governance(conn, connectors, now)
             if rules.active:
                 claimed = await self._claim_governed(conn, claim, rules)
@@ -340,17 +342,19 @@ class DispatchService:
         after the lease commits (refusals are rare); if this replica dies in between, the lease
         expires and the next claim checks again.
         """
-        refused: dict[int, str] = {}
+        await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
+        refused: dict[int, tuple[str, ErrorCode]] = {}
         for step in claimed:
-            reason = None
-            if self._registry.catalog.get(step.tool) is not None and (
-                self._registry.get(step.tool, step.tool_version).risk == "dangerous"
-            ):
+            reason = _withdrawn(self._registry.catalog.get(step.tool), step.tool)
+            if reason is not None:
+                refused[step.id] = (reason, ErrorCode.TOOL_UNAVAILABLE)
+                continue
+            if self._registry.get(step.tool, step.tool_version).risk == "dangerous":
                 reason = approvals.mismatch(step)
             if reason is None and self._guards.grants is not None:
                 reason = await self._guards.grants.refusal(step.key_id, step.tool)
             if reason is not None:
-                refused[step.id] = reason
+                refused[step.id] = (reason, ErrorCode.FORBIDDEN)
         if not refused:
             return claimed
         await self._settle(
@@ -359,10 +363,10 @@ class DispatchService:
             due=lambda s: (
                 s.status is StepStatus.RUNNING and s.lease_owner == executor_id and s.id in refused
             ),
-            decide=lambda s, ctx: not_permitted(s, ctx, refused[s.id]),
+            decide=lambda s, ctx: not_permitted(s, ctx, *refused[s.id]),
         )
         log.warning(
-            "%d leased steps were not run: not approved, or their submitter may not run them",
+            "%d leased steps were not run: tool withdrawn, not approved, or not permitted",
             len(refused),
             extra={"event": "step_forbidden"},
         )
@@ -757,3 +761,12 @@ class DispatchService:
             )
         await self._notifier.after_commit(wake)
         return len(moved)
+
+
+def _withdrawn(live: ToolSpec | None, name: str) -> str | None:
+    """Why a step's tool may no longer run at all: deleted or disabled since it was submitted."""
+    if live is None:
+        return f"tool {name!r} was deleted from the catalogue; the step did not run"
+    if not live.enabled:
+        return f"tool {name!r} is disabled; the step did not run"
+    return None

@@ -294,9 +294,11 @@ def breaker_open(step: StepRow, ctx: Decision) -> StepChange:
     return _give_up(step, ctx, ErrorCode.CIRCUIT_OPEN, message)
 
 
-def not_permitted(step: StepRow, ctx: Decision, reason: str) -> StepChange:
-    """A leased step whose submitter may no longer run its tool: it ends, never runs."""
-    error = {"code": ErrorCode.FORBIDDEN.value, "message": reason, "retryable": False}
+def not_permitted(
+    step: StepRow, ctx: Decision, reason: str, code: ErrorCode = ErrorCode.FORBIDDEN
+) -> StepChange:
+    """A leased step that may not run after all (its submitter, its tool): it ends, never runs."""
+    error = {"code": code.value, "message": reason, "retryable": False}
     values = terminal_values(
         step, tool=ctx.tool, transition=Transition.FAIL, now=ctx.now, error=error
     )

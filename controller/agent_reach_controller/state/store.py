@@ -25,7 +25,6 @@ from agent_reach_controller.db.schema import (
     idempotency_keys,
     steps,
     tasks,
-    tools,
 )
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 
@@ -539,7 +538,7 @@ async def load_events(
     return [EventRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
 
 
-# --- idempotency and tools ------------------------------------------------------------------
+# --- idempotency ---------------------------------------------------------------------------
 
 
 async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> tuple[str, str]:
@@ -569,23 +568,3 @@ def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
-
-
-async def save_tool_versions(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
-    """Store tool definitions by (name, version); existing versions are immutable."""
-    if not rows:
-        return
-    await conn.execute(
-        dialect_insert(conn, tools).on_conflict_do_nothing(index_elements=["name", "version"]),
-        list(rows),
-    )
-
-
-async def load_tool_version(
-    conn: AsyncConnection, name: str, version: str
-) -> dict[str, Any] | None:
-    row = await conn.execute(
-        sa.select(tools.c.spec).where(tools.c.name == name, tools.c.version == version)
-    )
-    spec: dict[str, Any] | None = row.scalar_one_or_none()
-    return spec

@@ -1,0 +1,173 @@
+"""`reach tools …`: the tool registry of a running controller (list, show, change, export, import).
+
+reach tools                       the tools you may submit (as before)
+reach tools create tool.yaml      one tool definition (YAML or JSON; '-' for stdin)
+reach tools update tool.yaml      a new version of it (--if-revision N: only if unchanged)
+reach tools disable|enable|delete NAME
+reach tools export > tools.yaml   the catalogue as a tools file
+reach tools import tools.yaml     make the catalogue hold it (--prune, --dry-run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent_reach_cli.client_commands import _print, _request, _url
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
+    )
+    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+
+
+def _read(path: str) -> str:
+    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+
+
+def _if_match(args: argparse.Namespace) -> dict[str, str]:
+    revision = getattr(args, "if_revision", None)
+    return {} if revision is None else {"If-Match": f'"{revision}"'}
+
+
+def _one_tool(path: str) -> dict[str, Any] | None:
+    """A single tool definition: a mapping, or a tools file holding exactly one tool."""
+    try:
+        document = yaml.safe_load(_read(path))
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"reach: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    if isinstance(document, dict) and set(document) == {"tools"}:
+        document = document["tools"]
+    if isinstance(document, list) and len(document) == 1:
+        document = document[0]
+    if not isinstance(document, dict):
+        print(f"reach: {path} must hold one tool definition (a mapping)", file=sys.stderr)
+        return None
+    return document
+
+
+def _done(response: Any) -> int:
+    return 2 if response is None else _print(response)
+
+
+def list_tools(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"format": args.format}
+    if args.include_disabled:
+        params["include_disabled"] = "true"
+    return _done(_request("GET", f"{_url(args)}/v1/tools", args, params=params))
+
+
+def show(args: argparse.Namespace) -> int:
+    return _done(_request("GET", f"{_url(args)}/v1/tools/{args.name}", args))
+
+
+def history(args: argparse.Namespace) -> int:
+    return _done(_request("GET", f"{_url(args)}/v1/tools/{args.name}/versions", args))
+
+
+def create(args: argparse.Namespace) -> int:
+    tool = _one_tool(args.file)
+    if tool is None:
+        return 2
+    return _done(_request("POST", f"{_url(args)}/v1/tools", args, json=tool))
+
+
+def update(args: argparse.Namespace) -> int:
+    tool = _one_tool(args.file)
+    if tool is None:
+        return 2
+    url = f"{_url(args)}/v1/tools/{tool.get('name', '')}"
+    return _done(_request("PUT", url, args, json=tool, headers=_if_match(args)))
+
+
+def switch(args: argparse.Namespace) -> int:
+    url = f"{_url(args)}/v1/tools/{args.name}:{args.tools_command}"
+    return _done(_request("POST", url, args, headers=_if_match(args)))
+
+
+def delete(args: argparse.Namespace) -> int:
+    url = f"{_url(args)}/v1/tools/{args.name}"
+    response = _request("DELETE", url, args, headers=_if_match(args))
+    if response is not None and response.status_code == 204:
+        print(f"deleted {args.name}")
+        return 0
+    return _done(response)
+
+
+def export(args: argparse.Namespace) -> int:
+    params = {"include_disabled": "false"} if args.enabled_only else None
+    response = _request("GET", f"{_url(args)}/v1/tools:export", args, params=params)
+    if response is None:
+        return 2
+    if not response.is_success:
+        return _print(response)
+    if args.output:
+        Path(args.output).write_text(response.text, encoding="utf-8")
+    else:
+        sys.stdout.write(response.text)
+    return 0
+
+
+def import_(args: argparse.Namespace) -> int:
+    try:
+        text = _read(args.file)
+    except OSError as exc:
+        print(f"reach: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    params = {"prune": str(args.prune).lower(), "dry_run": str(args.dry_run).lower()}
+    headers = {"Content-Type": "application/yaml"}
+    url = f"{_url(args)}/v1/tools:import"
+    return _done(_request("POST", url, args, content=text, headers=headers, params=params))
+
+
+def add_parser(sub: Any) -> None:
+    """`reach tools` and its subcommands."""
+    tools = sub.add_parser(
+        "tools",
+        help="list the controller's tools, or change them (see `reach tools -h`)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _client_flags(tools)
+    tools.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
+    tools.add_argument("--include-disabled", action="store_true", help="(tools you administer)")
+    tools.set_defaults(handler=list_tools)
+    commands = tools.add_subparsers(dest="tools_command", metavar="COMMAND")
+
+    def add(name: str, handler: Any, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=help_)
+        _client_flags(p)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("list", list_tools, "the tools you may submit")
+    p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
+    p.add_argument("--include-disabled", action="store_true", help="(tools you administer)")
+    add("show", show, "one tool as the catalogue holds it").add_argument("name")
+    add("history", history, "every change to a tool, newest first").add_argument("name")
+    add("create", create, "add a tool from a YAML or JSON file ('-': stdin)").add_argument("file")
+    p = add("update", update, "replace a tool's definition from a file (a new version)")
+    p.add_argument("file")
+    p.add_argument("--if-revision", type=int, help="only if the tool is still at this revision")
+    for name, help_ in (
+        ("disable", "disable a tool: its queued steps are refused from the next dispatch on"),
+        ("enable", "enable a disabled tool"),
+        ("delete", "delete a tool (versions stay for the tasks pinned to them)"),
+    ):
+        p = add(name, delete if name == "delete" else switch, help_)
+        p.add_argument("name")
+        p.add_argument("--if-revision", type=int, help="only if the tool is still at this revision")
+    p = add("export", export, "write the catalogue as a tools YAML file")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("--enabled-only", action="store_true", help="leave disabled tools out")
+    p = add("import", import_, "make the catalogue hold a tools file's definitions")
+    p.add_argument("file")
+    p.add_argument("--prune", action="store_true", help="delete tools the file does not define")
+    p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
