@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-trusted-host \
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
-.PHONY: help setup run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
+.PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
 	proto proto-check migrations-check bench services-up requirements clean
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test    lint, type check, proto and migration checks, then every test"
 	@echo "make test-faults  fault injection on real processes (AGENT_REACH_FAULTS_PROFILE=long)"
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
+	@echo "make tools   install promtool (Debian package prometheus) if missing"
 
 setup: $(STAMP)
 
@@ -26,6 +27,16 @@ $(STAMP): pyproject.toml requirements/dev.txt
 	$(PY) -m pip install --quiet -r requirements/dev.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
+
+# promtool (Debian's `prometheus` package) checks deploy/prometheus/ and a real /metrics scrape in
+# the tests; installed only when missing. The package's own server is not needed nor started.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+			prometheus >/dev/null; }
+	@promtool --version | head -n1
 
 # Re-pin after changing dependency ranges in pyproject.toml.
 requirements: $(VENV)

@@ -1,10 +1,12 @@
-"""Shared fixtures: real Postgres and Redis (fail under CI when missing, skip otherwise)."""
+"""Shared fixtures: real Postgres, Redis, promtool (fail under CI when missing, skip otherwise)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -17,7 +19,10 @@ IN_CI = os.environ.get("CI") == "true"
 
 
 def _unavailable(what: str, exc: Exception) -> None:
-    message = f"{what} is not reachable ({type(exc).__name__}: {exc})"
+    _missing(f"{what} is not reachable ({type(exc).__name__}: {exc})")
+
+
+def _missing(message: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"{message}; under CI=true this is a failure, not a skip", pytrace=False)
     pytest.skip(message)
@@ -76,6 +81,15 @@ def database_url(request: pytest.FixtureRequest) -> str:
     fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Prometheus's promtool (Debian package `prometheus`; `make tools` installs it)."""
+    path = shutil.which("promtool")
+    if path is None:
+        _missing("promtool is not installed (run `make tools`)")
+    return path
 
 
 @pytest.fixture

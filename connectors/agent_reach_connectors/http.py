@@ -42,8 +42,11 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+from opentelemetry.trace import Span, SpanKind
 
+from agent_reach import telemetry
 from agent_reach.errors import ErrorCode
+from agent_reach.ids import parse_traceparent
 from agent_reach_connectors import netguard
 from agent_reach_connectors.base import (
     _SECRET_REF,
@@ -709,6 +712,31 @@ class HttpConnector:
             raise _misconfigured(call.tool, "the URL is not valid") from None
         except (AttributeError, TypeError, ValueError):
             raise _misconfigured(call.tool, "the http config is malformed") from None
+        parent = parse_traceparent(call.traceparent)
+        url_scheme = request.url.scheme
+        with telemetry.span(
+            request.method,
+            trace_id=call.trace_id,
+            parent_span_id=parent[1] if parent else None,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": request.method,
+                "server.address": request.url.host,
+                "server.port": request.url.port or netguard.DEFAULT_PORTS.get(url_scheme, 0),
+            },
+        ) as current:
+            if telemetry.tracing_enabled():  # else the attempt's span stays the parent
+                request.headers["traceparent"] = telemetry.traceparent_of(current)
+            try:
+                return await self._send(call, request, redact, current)
+            except ConnectorError as error:
+                telemetry.mark_error(current, error.code)
+                raise
+
+    async def _send(
+        self, call: ToolCall, request: httpx.Request, redact: _Redactor, current: Span
+    ) -> Any:
+        """Send `request` and follow its redirects (each hop checked); the answer's output."""
         success = _success_statuses(call.tool, call.config)
         allow = _allowlist(call.tool, call.config)
         redirects = _max_redirects(call.tool, call.config)
@@ -723,6 +751,7 @@ class HttpConnector:
                 )
                 try:
                     status = response.status_code
+                    current.set_attribute("http.response.status_code", status)
                     location = response.headers.get("location")
                     ok = response.is_success if success is None else status in success
                     if ok or status not in _REDIRECTS or not location:

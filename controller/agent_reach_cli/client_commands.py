@@ -57,6 +57,10 @@ def submit(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    if getattr(args, "watch", False):
+        from agent_reach_cli import watch_commands  # it builds on this module
+
+        return watch_commands.watch(args)
     response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}", args)
     return 2 if response is None else _print(response)
 
@@ -90,3 +94,18 @@ def approve(args: argparse.Namespace) -> int:
     url = f"{_url(args)}/v1/tasks/{args.task_id}/steps/{args.step_id}/approval"
     response = _request("POST", url, args, json=decision)
     return 2 if response is None else _print(response)
+
+
+def trace_export(args: argparse.Namespace) -> int:
+    """`reach trace export TASK_ID`: the task's trace as Jaeger's UI uploads it (JSON)."""
+    response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}/trace", args)
+    if response is None:
+        return 2
+    if not response.is_success:
+        return _print(response)
+    text = json.dumps(response.json(), indent=1, ensure_ascii=False) + "\n"
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -12,6 +12,7 @@ from agent_reach_cli import (
     client_commands,
     key_commands,
     process_commands,
+    replay_commands,
     tool_commands,
 )
 
@@ -44,6 +45,22 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
         )
 
 
+def _add_trace_parser(sub: Any) -> None:
+    trace = sub.add_parser("trace", help="a task's trace", description="a task's trace")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True, metavar="COMMAND")
+    p = trace_sub.add_parser(
+        "export",
+        help="write a task's trace as Jaeger JSON (the UI's Upload JSON), from its event log",
+    )
+    p.set_defaults(handler=client_commands.trace_export)
+    p.add_argument("task_id")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument(
+        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
+    )
+    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reach", description="Agent-Reach: the execution layer for LLM agents."
@@ -66,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--controller", help="controller gRPC HOST:PORT (AGENT_REACH_EXECUTOR_CONTROLLER)"
     )
     p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (AGENT_REACH_EXECUTOR_METRICS)",
+    )
     p.add_argument("--connectors", help="comma-separated connector names (default: all installed)")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p = add("migrate", process_commands.migrate, "apply (or roll back) database migrations")
@@ -91,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--idempotency-key")
         elif name == "status":
             p.add_argument("task_id")
+            p.add_argument(
+                "--watch",
+                action="store_true",
+                help="follow the task live as a tree of its steps until it ends "
+                "(exit 0 if it succeeded, 1 otherwise)",
+            )
         elif name == "resolve":
             p.add_argument("task_id")
             p.add_argument("step_id")
@@ -105,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reason", help="why (recorded; on a rejection the model reads it)")
             p.add_argument("--args", help="approve these arguments instead (a JSON object)")
     tool_commands.add_parser(sub)
+    _add_trace_parser(sub)
+    replay_commands.add_parser(sub)
     key_commands.add_parsers(sub)
     return parser
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_reach.logs import configure_logging
+from agent_reach.telemetry import configure_tracing, flush_tracing
 
 DEV_DATABASE = "sqlite:///.reach/dev.db"
 
@@ -33,6 +34,7 @@ def _run(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(runner())
+    flush_tracing()
     return 0
 
 
@@ -61,17 +63,19 @@ def controller(args: argparse.Namespace) -> int:
 
     settings = _controller_settings(args)
     configure_logging(fmt=settings.log_format, level=settings.log_level)
+    configure_tracing("agent-reach-controller")
     return _run(lambda stop: serve(settings, stop=stop))
 
 
 def executor(args: argparse.Namespace) -> int:
     from agent_reach_executor import ExecutorSettings, run_executor
 
-    values = _given(args, "controller", "slots")
+    values = _given(args, "controller", "slots", "metrics")
     if args.connectors:
         values["connectors"] = [c.strip() for c in args.connectors.split(",") if c.strip()]
     settings = ExecutorSettings(**values)
     configure_logging(fmt=args.log_format)
+    configure_tracing("agent-reach-executor")
     return _run(lambda stop: run_executor(settings, stop=stop))
 
 
@@ -108,6 +112,7 @@ def dev(args: argparse.Namespace) -> int:
     settings = _controller_settings(args, **overrides)
     _ensure_sqlite_dir(settings.database_url.get_secret_value())
     configure_logging(fmt=settings.log_format, level=settings.log_level)
+    configure_tracing("agent-reach")
     return _run(lambda stop: run_dev(settings, slots=args.slots, demo_mode=args.demo, stop=stop))
 
 

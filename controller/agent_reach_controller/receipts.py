@@ -145,6 +145,31 @@ def _project(value: Any, tree: _Tree | None) -> Any:
     return _MISSING
 
 
+REDACTED = "[redacted]"
+
+
+def _redact(value: Any, tree: _Tree | None) -> Any:
+    if tree is None:
+        return REDACTED
+    if isinstance(value, dict):
+        return {k: (_redact(v, tree[k]) if k in tree else v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(item, tree) for item in value]
+    return value
+
+
+def redact_output(output: Any, fields: list[str] | None) -> Any:
+    """`output` with the value at each dotted path replaced by "[redacted]" (lists: every item).
+
+    Used for what the model and callers are shown (receipts, the full-output handle); the stored
+    output keeps the values, so a later step can still reference them without the model seeing
+    them.
+    """
+    if not fields:
+        return output
+    return _redact(output, _field_tree(fields))
+
+
 def project_output(output: Any, fields: list[str] | None) -> Any:
     """Keep only the dotted `fields` of `output`; None keeps everything.
 
@@ -238,12 +263,14 @@ def _fit_text(text: str, fits: Any) -> str | None:
     return None
 
 
-def render_for_model(receipt: Receipt, *, budget: int = 2000) -> str:
+def render_for_model(receipt: Receipt, *, budget: int = 2000, handle: str | None = None) -> str:
     """A compact JSON string of at most `budget` characters: status, then error, then data.
 
     Long lists keep their first items plus a note ("first 5 of 1,204"), long strings are cut with
     an ellipsis marker, and views shrink until they fit; if no view fits, data becomes
-    {"truncated": true, "note": ...}. Meta and stack traces are never included. Deterministic.
+    {"truncated": true, "note": ...}. When anything was left out and a `handle` is given, the
+    document says where the full output is (`full_output`). Meta and stack traces are never
+    included. Deterministic.
     """
     if budget < _MIN_BUDGET:
         raise ValueError(f"budget must be at least {_MIN_BUDGET} characters")
@@ -252,7 +279,10 @@ def render_for_model(receipt: Receipt, *, budget: int = 2000) -> str:
     if receipt.data is not None:
         views = [_shrink(receipt.data, level) for level in _LEVELS] + list(_TRUNCATED)
     for view in views:
-        text = _dump(_document(status, error, view))
+        document = _document(status, error, view)
+        if handle is not None and view is not None and view != receipt.data:
+            document["full_output"] = handle  # where the caller can fetch what was left out
+        text = _dump(document)
         if len(text) <= budget:
             return text
     if error is not None:  # a huge error message: cut it, then drop data if still too long
@@ -264,6 +294,8 @@ def render_for_model(receipt: Receipt, *, budget: int = 2000) -> str:
     return _dump(_document(cut_status or "", None, None))
 
 
-def render_receipt_dict(receipt: Mapping[str, Any], *, budget: int = 2000) -> str:
+def render_receipt_dict(
+    receipt: Mapping[str, Any], *, budget: int = 2000, handle: str | None = None
+) -> str:
     """render_for_model for a receipt in its stored `to_dict()` shape."""
-    return render_for_model(Receipt.from_dict(receipt), budget=budget)
+    return render_for_model(Receipt.from_dict(receipt), budget=budget, handle=handle)

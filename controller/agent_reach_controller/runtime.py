@@ -17,8 +17,10 @@ from agent_reach_controller.db.engine import Database
 from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
 from agent_reach_controller.identity.service import Grants, KeyService
+from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.state.dispatch import DispatchService, Guards, LeaseTimings
+from agent_reach_controller.state.feed import EventFeed
 from agent_reach_controller.state.limiter import (
     MemoryLimiter,
     RateLimiter,
@@ -28,6 +30,7 @@ from agent_reach_controller.state.limiter import (
 from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.tasks import TaskService
+from agent_reach_controller.state.webhooks import ApprovalWebhook, WebhookTarget
 from agent_reach_controller.tools.catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,13 @@ class Components:
     limiter: RateLimiter
     keys: KeyService
     policy: Policy
+    feed: EventFeed  # live followers of task event logs (SSE)
+    webhook: ApprovalWebhook | None = None
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        """What `/metrics` serves (the dispatch service's registry)."""
+        return self.dispatch.metrics
 
     @property
     def catalog(self) -> ToolCatalog:
@@ -56,6 +66,9 @@ class Components:
         return self.registry.catalog
 
     async def close(self) -> None:
+        await self.feed.close()
+        if self.webhook is not None:
+            await self.webhook.close()
         await self.limiter.close()
         await self.notifier.close()
         await self.db.close()
@@ -82,6 +95,17 @@ def _limiter(settings: ControllerSettings, db: Database) -> RateLimiter:
     return SqlLimiter() if db.is_postgres else MemoryLimiter()
 
 
+def _webhook(settings: ControllerSettings, db: Database) -> ApprovalWebhook | None:
+    if settings.approval_webhook_url is None:
+        return None
+    secret = settings.approval_webhook_secret
+    target = WebhookTarget(
+        url=settings.approval_webhook_url.get_secret_value(),
+        secret=secret.get_secret_value() if secret is not None else None,
+    )
+    return ApprovalWebhook(db, target)
+
+
 async def open_components(settings: ControllerSettings) -> Components:
     """Connect storage, load tools, and build the use cases."""
     url = settings.database_url.get_secret_value()
@@ -94,12 +118,16 @@ async def open_components(settings: ControllerSettings) -> Components:
     files = ToolCatalog.from_yaml_files(settings.tools)
     await registry.apply(files.values(), principal=TOOLS_FILE_PRINCIPAL)
     notifier = _notifier(settings, db)
+    # Every event appended, by whichever writer, wakes the followers of its task's log.
+    db.observe_commits(notifier.announce_events)
     await notifier.start()
+    webhook = _webhook(settings, db)
     tasks = TaskService(
         db=db,
         registry=registry,
         notifier=notifier,
         approval_ttl=timedelta(seconds=settings.approval_timeout_seconds),
+        announcer=webhook,
     )
     limiter = _limiter(settings, db)
     keys = KeyService(db)
@@ -113,7 +141,12 @@ async def open_components(settings: ControllerSettings) -> Components:
             lease=timedelta(seconds=settings.lease_seconds),
             max_poll_wait=settings.max_poll_wait_seconds,
         ),
-        guards=Guards(limiter=limiter, grants=Grants(keys, policy)),
+        guards=Guards(
+            limiter=limiter,
+            grants=Grants(keys, policy),
+            tenant_caps=policy.caps_for,
+            metrics=ControllerMetrics(),
+        ),
     )
     return Components(
         settings=settings,
@@ -125,6 +158,8 @@ async def open_components(settings: ControllerSettings) -> Components:
         limiter=limiter,
         keys=keys,
         policy=policy,
+        feed=EventFeed(db=db, notifier=notifier),
+        webhook=webhook,
     )
 
 
@@ -139,6 +174,7 @@ async def reap_forever(components: Components) -> None:
             await components.dispatch.expire_approvals()
             await components.tasks.expire_deadlines()
             await components.dispatch.refresh_queue_depth()
+            await _observe_breakers(components)
             await audit.seal(components.db, limit=10_000)
         except asyncio.CancelledError:
             raise
@@ -147,13 +183,23 @@ async def reap_forever(components: Components) -> None:
         await asyncio.sleep(interval)
 
 
+async def _observe_breakers(components: Components) -> None:
+    """Set the breaker gauge (one read of the guarded tools' rows; none without breakers)."""
+    guarded = any(tool.breaker is not None for tool in components.catalog.values())
+    components.metrics.breakers(await components.dispatch.breaker_states() if guarded else {})
+
+
 @contextlib.asynccontextmanager
 async def background(components: Components) -> AsyncIterator[None]:
-    """Run the reaper for the life of the block."""
-    task = asyncio.create_task(reap_forever(components), name="lease-reaper")
+    """Run the reaper (and the webhook sender, if configured) for the life of the block."""
+    running = [asyncio.create_task(reap_forever(components), name="lease-reaper")]
+    if components.webhook is not None:
+        running.append(asyncio.create_task(components.webhook.run_forever(), name="webhook-sender"))
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in running:
+            task.cancel()
+        for task in running:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

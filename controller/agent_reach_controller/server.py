@@ -90,6 +90,9 @@ async def running_controller(
             yield components, bound
     finally:
         await health.enter_graceful_shutdown()
+        # Live event streams end now (their clients resume elsewhere with Last-Event-ID) rather
+        # than holding the HTTP server's graceful shutdown open until its timeout.
+        await components.feed.close()
         http_server.should_exit = True
         await grpc_server.stop(grace=5)
         with contextlib.suppress(asyncio.CancelledError):

@@ -44,6 +44,18 @@ class ControllerSettings(BaseSettings):
     max_poll_wait_seconds: float = Field(20.0, gt=0)
     reap_interval_seconds: float = Field(1.0, gt=0)
     max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
+    max_event_streams: int = Field(
+        100, ge=1, description="Live event streams (SSE) one replica serves at once; more get 429"
+    )
+    event_stream_max_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="A live event stream is closed after this long; the client resumes with "
+        "Last-Event-ID",
+    )
+    event_stream_heartbeat_seconds: float = Field(
+        15.0, gt=0, description="A comment line after this much silence keeps proxies from closing"
+    )
     max_body_bytes: int = Field(1024 * 1024, gt=0)
     receipt_budget_chars: int = Field(2000, ge=200)
     max_queued_steps: int | None = Field(
@@ -52,6 +64,14 @@ class ControllerSettings(BaseSettings):
     overload_retry_after_seconds: int = Field(5, ge=1)
     approval_timeout_seconds: float = Field(
         3600.0, gt=0, description="A dangerous step not approved within this is rejected"
+    )
+    approval_webhook_url: SecretStr | None = Field(
+        None,
+        description="POST each approval request here (Standard Webhooks; retried until it "
+        "answers 2xx or the approval expires)",
+    )
+    approval_webhook_secret: SecretStr | None = Field(
+        None, description="Signing secret for the webhook, 'whsec_' + base64 (Standard Webhooks)"
     )
     separation_of_duties: bool = Field(
         True, description="Whoever submitted a task may not approve its steps"

@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from agent_reach_connectors.base import Connector, load_connectors
 from agent_reach_executor.client import ControllerClient
+from agent_reach_executor.metrics import serving
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
 from agent_reach_executor.worker import Worker
@@ -49,10 +50,28 @@ async def run_executor(
             worker = Worker(
                 client, runner, connectors=list(hosted), settings=settings, version=_version()
             )
-            with _stop_on_signals(stop, enabled=handle_signals):
+            with (
+                _stop_on_signals(stop, enabled=handle_signals),
+                _metrics_listener(settings, worker),
+            ):
                 await worker.run(stop)
     finally:
         await _close_all(started)
+
+
+@contextlib.contextmanager
+def _metrics_listener(settings: ExecutorSettings, worker: Worker) -> Iterator[None]:
+    """Serve the worker's metrics on `settings.metrics` while it runs (nothing when unset)."""
+    if settings.metrics is None:
+        yield
+        return
+    with serving(settings.metrics, worker.metrics.registry) as bound:
+        log.info(
+            "executor metrics at http://%s/metrics",
+            bound,
+            extra={"event": "metrics_listening", "address": bound},
+        )
+        yield
 
 
 async def _close_all(connectors: Sequence[Connector]) -> None:
@@ -101,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--controller", help="controller gRPC host:port")
     parser.add_argument("--slots", type=int, help="steps run at once")
     parser.add_argument("--connector", action="append", dest="connectors", help="repeatable")
+    parser.add_argument("--metrics", help="serve Prometheus metrics on HOST:PORT")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

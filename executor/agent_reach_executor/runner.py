@@ -13,7 +13,12 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
+from agent_reach import telemetry
 from agent_reach.errors import ErrorCode
+from agent_reach.ids import make_traceparent, parse_traceparent
+from agent_reach.telemetry import execute_span_id
 from agent_reach_connectors.base import Connector, ConnectorError, Throttled, ToolCall
 from agent_reach_executor.client import Assignment, StepFailure, StepResult
 
@@ -54,6 +59,32 @@ class StepRunner:
         self._abandoned: set[asyncio.Future[Any]] = set()
 
     async def run(self, assignment: Assignment) -> StepResult:
+        lease = assignment.lease
+        parent = parse_traceparent(assignment.traceparent)
+        with telemetry.span(
+            f"{telemetry.EXECUTE} {assignment.tool}",
+            trace_id=assignment.trace_id,
+            span_id=execute_span_id(assignment.task_id, assignment.step_id, lease.attempt),
+            parent_span_id=parent[1] if parent else None,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                telemetry.GEN_AI_OPERATION: "execute_tool",
+                telemetry.GEN_AI_TOOL_NAME: assignment.tool,
+                telemetry.GEN_AI_TOOL_CALL_ID: assignment.step_id,
+                telemetry.GEN_AI_TOOL_TYPE: "function",
+                telemetry.TASK_ID: assignment.task_id,
+                telemetry.ATTEMPT: lease.attempt,
+            },
+        ) as current:
+            result = await self._run(assignment)
+            if result.failure is None:
+                current.set_attribute(telemetry.OUTCOME, "succeeded")
+            else:
+                current.set_attribute(telemetry.OUTCOME, "failed")
+                telemetry.mark_error(current, result.failure.code)
+            return result
+
+    async def _run(self, assignment: Assignment) -> StepResult:
         started = self._clock()
         log.debug(
             "step %s/%s started: %s attempt %d",
@@ -209,7 +240,11 @@ class StepRunner:
             attempt=assignment.lease.attempt,
             max_attempts=assignment.max_attempts,
             trace_id=assignment.trace_id,
-            traceparent=assignment.traceparent,
+            # Downstream calls are children of this attempt's execute_tool span.
+            traceparent=make_traceparent(
+                assignment.trace_id,
+                execute_span_id(assignment.task_id, assignment.step_id, assignment.lease.attempt),
+            ),
             timeout_s=timeout_s,
             heartbeat_timeout_s=(
                 assignment.heartbeat_timeout_ms / 1000

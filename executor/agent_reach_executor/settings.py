@@ -10,6 +10,8 @@ from typing import Annotated, Any
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from agent_reach_executor.metrics import split_address
+
 
 def default_executor_id() -> str:
     """`host-pid-xxxx`: unique per process, readable in controller logs."""
@@ -41,6 +43,18 @@ class ExecutorSettings(BaseSettings):
     default_step_timeout: PositiveFloat = Field(
         default=300.0, description="Timeout of a step whose assignment carries none, seconds."
     )
+    metrics: str | None = Field(
+        default=None,
+        description="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free "
+        "port); off when unset.",
+    )
+
+    @field_validator("metrics")
+    @classmethod
+    def _check_address(cls, value: str | None) -> str | None:
+        if value:
+            split_address(value)
+        return value or None
 
     @field_validator("connectors", mode="before")
     @classmethod

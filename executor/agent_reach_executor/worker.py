@@ -21,6 +21,7 @@ from agent_reach_executor.client import (
     StepResult,
     result_to_proto,
 )
+from agent_reach_executor.metrics import ExecutorMetrics
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
 
@@ -113,6 +114,7 @@ class Worker:
         self._reports_idle = asyncio.Event()
         self._reports_idle.set()
         self._counts = {"started": 0, "finished": 0, "accepted": 0, "rejected": 0}
+        self.metrics = ExecutorMetrics(slots=settings.slots)
 
     @property
     def stats(self) -> WorkerStats:
@@ -235,11 +237,13 @@ class Worker:
         )
         self._held[assignment.lease] = _Held(assignment=assignment, task=task)
         self._running.add(task)
+        self.metrics.slots_busy(len(self._running))
         self._counts["started"] += 1
         task.add_done_callback(partial(self._on_step_done, assignment.lease))
 
     def _on_step_done(self, lease: LeaseKey, task: asyncio.Task[StepResult]) -> None:
         self._running.discard(task)
+        self.metrics.slots_busy(len(self._running))
         self._slot_freed.set()
         held = self._held.get(lease)
         if held is None or held.task is not task:
@@ -261,6 +265,7 @@ class Worker:
             )
             return
         self._counts["finished"] += 1
+        self.metrics.call_finished(held.assignment, task.result())
         self._pending.append(task.result())
         self._reports_idle.clear()
         self._results_ready.set()
@@ -404,6 +409,7 @@ class Worker:
         for result in batch:
             held = self._held.pop(result.lease, None)
             ack = by_lease.get(result.lease)
+            self.metrics.reported(accepted=ack is not None and ack.accepted)
             if ack is not None and ack.accepted:
                 self._counts["accepted"] += 1
                 continue

@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     CIRCUIT_OPEN = "circuit_open"
     FORBIDDEN = "forbidden"
     TOOL_UNAVAILABLE = "tool_unavailable"
+    CAP_EXCEEDED = "cap_exceeded"
     REJECTED = "rejected"
     DESTINATION_REFUSED = "destination_refused"
     # API problems (submit-time).
@@ -105,6 +106,11 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
         retryable=False,
         http_status=410,
         title="Not called: the tool was disabled or deleted after the step was accepted",
+    ),
+    ErrorCode.CAP_EXCEEDED: ErrorKind(
+        retryable=False,
+        http_status=429,
+        title="Not called: it would exceed a cap on side effects (per task or per tenant)",
     ),
     ErrorCode.DESTINATION_REFUSED: ErrorKind(
         retryable=False,

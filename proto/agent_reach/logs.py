@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_reach.telemetry import log_context
+
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
@@ -27,6 +29,10 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and value is not None:
                 entry[key] = value
+        current = log_context.get()
+        if current is not None:
+            entry.setdefault("trace_id", current[0])
+            entry.setdefault("span_id", current[1])
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)

@@ -4,12 +4,14 @@ Every run starts from a fresh Postgres database and fresh controller and executo
 Sizes: AGENT_REACH_BENCH_STEPS (default 10000), AGENT_REACH_BENCH_REPEATS (3),
 AGENT_REACH_BENCH_SLOTS (executor slots, 64), AGENT_REACH_BENCH_SUBMITTERS (4),
 AGENT_REACH_BENCH_RATE (latency test, steps/s: 100), AGENT_REACH_BENCH_LATENCY_SECONDS (10),
-AGENT_REACH_BENCH_POSTGRES (admin URL).
+AGENT_REACH_BENCH_POSTGRES (admin URL), AGENT_REACH_BENCH_TRACING=1 (export every span over
+OTLP to a receiver in this process, to measure what tracing costs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -36,6 +38,7 @@ from tests.bench.scenarios import (
     throughput,
     write_tools,
 )
+from tests.support.otlp import OtlpReceiver
 
 T = TypeVar("T")
 
@@ -226,6 +229,20 @@ def main() -> int:
         " (maximum_attempts 1, idempotent)",
         "",
     )
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("AGENT_REACH_BENCH_TRACING") == "1":
+            # Tracing on: every process exports each span over OTLP/HTTP to a real receiver.
+            receiver = stack.enter_context(OtlpReceiver())
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
+            say(f"tracing   on: OTLP/HTTP to a receiver at {receiver.url}", "")
+        else:
+            os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+            os.environ.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
+            say("tracing   off (AGENT_REACH_BENCH_TRACING=1 turns it on)", "")
+        return _measure(config, began, plans)
+
+
+def _measure(config: Config, began: float, plans: int) -> int:
     with tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
         workdir = Path(tmp)
         tools = write_tools(workdir)

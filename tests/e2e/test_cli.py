@@ -121,3 +121,63 @@ def test_reach_approve_lets_a_waiting_dangerous_step_run(tmp_path: Path) -> None
             what="the approved step to run",
         )
         assert done["steps"][0]["status"] == "succeeded"
+
+
+def test_reach_tools_changes_the_catalogue_of_a_running_controller(tmp_path: Path) -> None:
+    tool = tmp_path / "note.yaml"
+    tool.write_text(
+        "name: note.write\ndescription: Writes a note.\nconnector: echo\nrisk: write\n"
+        "input_schema: {type: object, properties: {text: {type: string}}}\n"
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps({"steps": [{"step_id": "n", "tool": "note.write", "args": {"text": "hi"}}]})
+    )
+    with cluster(tmp_path) as c:
+        dev = c.dev("dev", tools=_no_extra_tools(tmp_path))
+        wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="reach dev")
+        url = ["--url", f"http://{dev.info['http']}", "--api-key", c.api_key]
+        created = _reach("tools", "create", str(tool), *url)
+        assert (created["name"], created["enabled"]) == ("note.write", True)
+        done = _reach("submit", str(plan), "--wait", "20", *url)
+        assert done["status"] == "succeeded"
+        replayed = subprocess.run(
+            [*REACH, "replay", done["task_id"], "--dry-run", *url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+        assert "reproduced" in replayed.stdout
+        timeline = subprocess.run(
+            [*REACH, "replay", done["task_id"], *url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert "task_created" in timeline
+        assert "n#1" in timeline
+
+        _reach("tools", "disable", "note.write", *url)
+        refused = subprocess.run(
+            [*REACH, "submit", str(plan), *url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert refused.returncode == 1
+        assert json.loads(refused.stdout)["errors"][0]["code"] == "tool_disabled"
+
+        exported = tmp_path / "exported.yaml"
+        done = subprocess.run(
+            [*REACH, "tools", "export", "-o", str(exported), *url], timeout=60, check=False
+        )
+        assert done.returncode == 0
+        assert "note.write" in exported.read_text()
+        dry = _reach("tools", "import", str(exported), "--prune", "--dry-run", *url)
+        assert (dry["dry_run"], dry["unchanged"], dry["deleted"]) == (True, ["note.write"], [])
+        history = _reach("tools", "history", "note.write", *url)
+        assert [h["action"] for h in history["changes"]] == ["disable", "create"]

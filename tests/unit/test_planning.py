@@ -281,6 +281,20 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "expected max_attempts",
     ),
     ("no tool calls", {"tool_calls": []}, "/tool_calls", "missing_field", "at least one step"),
+    (
+        "caps not an object",
+        {"steps": [WEATHER], "caps": ["payment"]},
+        "/caps",
+        "invalid_type",
+        "'caps' must be an object",
+    ),
+    (
+        "cap below zero",
+        {"steps": [WEATHER], "caps": {"payment": -1}},
+        "/caps/payment",
+        "invalid_number",
+        "from 0 to",
+    ),
 ]
 
 
@@ -297,8 +311,9 @@ def test_problem_corpus(body: Any, pointer: str, code: str, phrase: str) -> None
 def test_corpus_covers_every_code() -> None:
     from agent_reach_controller.planning import ProblemCode
 
-    # cycle and ungrounded_argument have their own tests (test_grounding.py for the latter)
-    covered = {c[3] for c in CORPUS} | {"cycle", "ungrounded_argument"}
+    # cycle, ungrounded_argument and cap_exceeded have their own tests (test_grounding.py and
+    # test_caps.py for the last two)
+    covered = {c[3] for c in CORPUS} | {"cycle", "ungrounded_argument", "cap_exceeded"}
     assert covered == {code.value for code in ProblemCode}
 
 

@@ -193,3 +193,33 @@ def test_stored_receipts_round_trip_and_render() -> None:
     assert Receipt.from_dict(stored) == original
     assert render_receipt_dict(stored, budget=300) == render_for_model(original, budget=300)
     assert Receipt.from_dict({"status": "skipped"}).meta.attempts == 0
+
+
+def test_redaction_replaces_each_path_in_every_list_item_and_nothing_else() -> None:
+    from agent_reach_controller.receipts import redact_output
+
+    output = {"a": {"secret": 1, "keep": 2}, "rows": [{"ssn": "x", "n": 1}, {"n": 2}], "s": "t"}
+    assert redact_output(output, ["a.secret", "rows.ssn", "missing.path"]) == {
+        "a": {"secret": "[redacted]", "keep": 2},
+        "rows": [{"ssn": "[redacted]", "n": 1}, {"n": 2}],
+        "s": "t",
+    }
+    assert redact_output(output, []) is output
+    assert redact_output("scalar", ["a"]) == "scalar"
+
+
+def test_a_handle_is_offered_only_when_something_was_left_out() -> None:
+    import json
+
+    from agent_reach_controller.receipts import Receipt, ReceiptMeta, render_for_model
+
+    meta = ReceiptMeta(
+        tool="t", step_id="s", attempts=1, duration_ms=1, idempotency_key="k", trace_id="0" * 32
+    )
+    small = Receipt(status="succeeded", data={"n": 1}, meta=meta)
+    big = Receipt(status="succeeded", data={"items": list(range(50))}, meta=meta)
+    assert "full_output" not in json.loads(render_for_model(small, handle="/h"))
+    shown = json.loads(render_for_model(big, handle="/h"))
+    assert shown["full_output"] == "/h"
+    assert shown["data"]["items"][-1] == "(first 5 of 50)"
+    assert "full_output" not in json.loads(render_for_model(big))  # no handle given

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_reach_controller.api import tools
+from agent_reach_controller.api import replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -63,6 +63,13 @@ async def readyz(deps: Deps) -> Response:
     except (OSError, DBAPIError):
         return storage_unavailable()
     return JSONResponse({"status": "ready"})
+
+
+@meta.get("/metrics", include_in_schema=False)
+async def metrics(request: Request, deps: Deps) -> Response:
+    """Prometheus scrape, no key needed; OpenMetrics (with exemplars) when the scraper asks."""
+    body, content_type = deps.metrics.exposition(request.headers.get("accept", ""))
+    return Response(body, headers={"Content-Type": content_type})
 
 
 def storage_unavailable() -> Response:
@@ -258,6 +265,7 @@ def create_app(components_: Components) -> FastAPI:
     app.state.components = components_
     app.include_router(meta)
     app.include_router(tasks_router)
+    app.include_router(replay.router)
     app.include_router(tools.catalogue)  # before `tools.router`: `/v1/tools:export` is no tool
     app.include_router(tools.router)
     app.include_router(keys_router)

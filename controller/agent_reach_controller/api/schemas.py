@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from agent_reach_controller.planning.shapes import MAX_CAPS
+from agent_reach_controller.tools.catalog import EFFECT_CLASS, MAX_UNITS
 
 
 class StepIn(BaseModel):
@@ -66,6 +69,20 @@ class BudgetIn(BaseModel):
     )
 
 
+# {effect class: units}: the most the whole task may use of each (planning/effects.py).
+Caps = Annotated[
+    dict[Annotated[str, Field(pattern=EFFECT_CLASS)], Annotated[float, Field(ge=0, le=MAX_UNITS)]],
+    Field(max_length=MAX_CAPS, json_schema_extra={"additionalProperties": False}),
+]
+CAPS_FIELD: Any = Field(
+    None,
+    description="Blast-radius caps: the most units of each class of side effects (as tools "
+    'declare them in `effects`, and `cost`) the whole task may use, e.g. {"payment": 1}. A '
+    "step that would go over is not run (cap_exceeded); a plan whose unconditional steps "
+    "already need more is refused at submit",
+)
+
+
 class PlanIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     goal: str | None = None
@@ -78,6 +95,7 @@ class PlanIn(BaseModel):
     priority: int = Field(
         0, ge=-1000, le=1000, description="Dispatch priority of the steps (higher first)"
     )
+    caps: Caps | None = CAPS_FIELD
 
 
 class FunctionCallIn(BaseModel):
@@ -98,6 +116,7 @@ class ToolCallsIn(BaseModel):
     deadline_seconds: float | None = Field(None, gt=0)
     budget: BudgetIn | None = None
     priority: int = Field(0, ge=-1000, le=1000)
+    caps: Caps | None = CAPS_FIELD
 
 
 class TaskAccepted(BaseModel):
@@ -130,6 +149,30 @@ class ToolMessage(BaseModel):
     content: str
 
 
+class CapUse(BaseModel):
+    limit: float | None = Field(
+        description="The task's own cap (null when only its tenant's policy caps the class)"
+    )
+    used: float = Field(description="Units charged so far, each step once before it ran")
+
+
+class TokensIn(BaseModel):
+    """Model tokens spent on a task since the last report (they add up)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_tokens: int = Field(0, ge=0, le=1_000_000_000)
+    output_tokens: int = Field(0, ge=0, le=1_000_000_000)
+
+
+class TaskUsage(BaseModel):
+    """What a task has cost so far: model tokens reported by the caller, tool calls, time."""
+
+    input_tokens: int
+    output_tokens: int
+    tool_calls: int = Field(description="Attempts handed to executors, retries included")
+    duration_ms: int = Field(description="From acceptance to the end (or to now)")
+
+
 class TaskOut(BaseModel):
     task_id: str
     trace_id: str
@@ -143,6 +186,10 @@ class TaskOut(BaseModel):
     tool_messages: list[ToolMessage] | None = Field(
         None, description="For tool_calls submissions: one tool message per finished call"
     )
+    caps: dict[str, CapUse] | None = Field(
+        None, description="Blast-radius caps on the task and what it used of each class"
+    )
+    usage: TaskUsage | None = None
 
 
 class TaskSummary(BaseModel):
@@ -201,3 +248,47 @@ class Problem(BaseModel):
     detail: str
     code: str
     errors: list[dict[str, Any]] | None = None
+
+
+class StepOutput(BaseModel):
+    """A step's whole output, with the tool's `redact` fields replaced (never its projection)."""
+
+    task_id: str
+    step_id: str
+    status: str
+    output: Any = Field(None, description="None until the step succeeded")
+
+
+class MomentOut(BaseModel):
+    at: datetime
+    kind: str
+    step_id: str | None
+    attempt: int | None
+    status: str | None
+    detail: dict[str, Any]
+
+
+class StepReplayOut(BaseModel):
+    step_id: str
+    recorded_status: str
+    replayed_status: str
+    recorded_message: str | None = Field(description="What the model was shown (recorded)")
+    replayed_message: str | None = Field(description="What the dry run derives for it")
+    differences: list[str]
+    notes: list[str]
+
+
+class DryRunOut(BaseModel):
+    finished: bool = Field(description="Every step had ended when the task was replayed")
+    identical: bool = Field(description="Finished, and every step replayed as recorded")
+    steps: list[StepReplayOut]
+
+
+class ReplayOut(BaseModel):
+    """A task's timeline from its event log, and a dry run of its plan on the recorded results."""
+
+    task_id: str
+    trace_id: str
+    request: dict[str, Any]
+    timeline: list[MomentOut]
+    dry_run: DryRunOut

@@ -8,15 +8,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from agent_reach.ids import parse_traceparent
+from agent_reach import telemetry
+from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
-from agent_reach_controller.api import schemas
+from agent_reach_controller.api import events, schemas
 from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action, Principal
+from agent_reach_controller.jaeger import jaeger_trace
 from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.records import EventRow
 from agent_reach_controller.state.tasks import (
     ApprovalInput,
     ResolveInput,
@@ -50,6 +54,8 @@ SUBMIT_BODY = {
     }
 }
 PROBLEMS = problem_responses(400, 404, 409, 413, 429)
+# A trace is built from at most this many events (a task that retried for days stays bounded).
+MAX_TRACE_EVENTS = 50_000
 # With ?wait=…, a task that ended in time is 200 with its receipts; otherwise 202 as without.
 SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": schemas.TaskOut, "description": "The task ended within ?wait"},
@@ -123,31 +129,54 @@ async def submit_task(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
     traceparent: Annotated[str | None, Header()] = None,
 ) -> Response:
-    body = await _read_json(request, deps.settings.max_body_bytes)
-    await deps.registry.refresh()  # validate against the catalogue as it is now
-    plan = parse_plan(body, deps.catalog)  # raises PlanInvalidError → 422 with every problem
-    for tool in sorted({s.tool for s in plan.steps}):
-        require(deps, who, Action.SUBMIT, tool)
-    per_caller = deps.settings.max_tasks_in_flight_per_principal
-    if per_caller is not None:
-        in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
-        if in_flight >= per_caller:
-            raise TooManyInFlightError(who.name, in_flight, per_caller)
     parent = parse_traceparent(traceparent)
-    with deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted:
-        submitted = await deps.tasks.submit(
-            SubmitInput(
-                plan=plan,
-                request=body,
-                idempotency_key=idempotency_key,
-                principal=who.name,
-                tenant=who.tenant,
-                key_id=who.key_id,
-                trace_id=parent[0] if parent else None,
-                parent_span_id=parent[1] if parent else None,
+    # The request's server span (FastAPI's, when tracing is on) has already continued a caller's
+    # traceparent; without one, the caller's header is the parent; else a new trace starts.
+    http_span = telemetry.current_ids() or parent
+    trace_id = http_span[0] if http_span else new_trace_id()
+    task_id = new_task_id()
+    root = telemetry.task_span_id(task_id)
+    with telemetry.span(
+        telemetry.SUBMIT,
+        trace_id=trace_id,
+        span_id=root,
+        parent_span_id=http_span[1] if http_span else None,
+        attributes={telemetry.TASK_ID: task_id},
+    ) as current:
+        with telemetry.span(telemetry.VALIDATE, trace_id=trace_id, parent_span_id=root):
+            body = await _read_json(request, deps.settings.max_body_bytes)
+            await deps.registry.refresh()  # validate against the catalogue as it is now
+            plan = parse_plan(body, deps.catalog)  # PlanInvalidError → 422, every problem
+            for tool in sorted({s.tool for s in plan.steps}):
+                require(deps, who, Action.SUBMIT, tool)
+            per_caller = deps.settings.max_tasks_in_flight_per_principal
+            if per_caller is not None:
+                in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
+                if in_flight >= per_caller:
+                    raise TooManyInFlightError(who.name, in_flight, per_caller)
+        limit = deps.settings.max_queued_steps
+        with (
+            telemetry.span(telemetry.STORE, trace_id=trace_id, parent_span_id=root),
+            deps.dispatch.admit(len(plan.steps), limit=limit) as admitted,
+        ):
+            submitted = await deps.tasks.submit(
+                SubmitInput(
+                    plan=plan,
+                    request=body,
+                    idempotency_key=idempotency_key,
+                    principal=who.name,
+                    tenant=who.tenant,
+                    key_id=who.key_id,
+                    task_id=task_id,
+                    trace_id=trace_id,
+                    parent_span_id=parent[1] if parent else None,
+                )
             )
-        )
-        admitted.keep = submitted.created
+            admitted.keep = submitted.created
+        current.set_attribute(telemetry.TASK_ID, submitted.task_id)
+        current.set_attribute("agent_reach.steps", len(plan.steps))
+        if not submitted.created:
+            current.set_attribute("agent_reach.idempotent_replay", True)
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
     if wait > 0:
         view = await deps.tasks.wait(
@@ -252,17 +281,82 @@ async def _require_approver(deps: Components, who: Principal, task_id: str, step
     require(deps, who, Action.APPROVE, step.tool)
 
 
-@router.get("/{task_id}/events", response_model=schemas.EventPage, responses=PROBLEMS)
+@router.get(
+    "/{task_id}/events",
+    response_model=schemas.EventPage,
+    responses={**PROBLEMS, **events.EVENTS_OK},
+    summary="A task's events: a page of JSON, or live as Server-Sent Events",
+)
 async def task_events(
     task_id: str,
     deps: Deps,
     who: Caller,
+    stream: events.StreamAsked,
     after: Annotated[int, Query(ge=0, description="Return events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
-) -> schemas.EventPage:
+) -> Response:
     await deps.tasks.check_tenant(task_id, who.tenant)
+    if stream is not None:
+        resume = stream.last_event_id
+        return events.stream_events(deps, task_id, after=after if resume is None else resume)
     rows = await deps.tasks.events(task_id, after=after, limit=limit)
-    return schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
+    page = schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
+    return JSONResponse(page.model_dump(mode="json"))
+
+
+@router.post(
+    "/{task_id}/usage",
+    response_model=schemas.TaskOut,
+    responses=PROBLEMS,
+    summary="Report model tokens spent on the task (they add up; shown in its usage)",
+)
+async def report_usage(
+    task_id: str, tokens: schemas.TokensIn, deps: Deps, who: Caller
+) -> schemas.TaskOut:
+    view = await deps.tasks.report_tokens(
+        task_id,
+        input_tokens=tokens.input_tokens,
+        output_tokens=tokens.output_tokens,
+        actor=who.name,
+        tenant=who.tenant,
+    )
+    return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.get(
+    "/{task_id}/steps/{step_id}/output",
+    response_model=schemas.StepOutput,
+    responses=PROBLEMS,
+    summary="A step's whole output (receipts show a bounded view and point here)",
+)
+async def step_output(task_id: str, step_id: str, deps: Deps, who: Caller) -> schemas.StepOutput:
+    step = await deps.tasks.step(task_id, step_id, tenant=who.tenant)
+    await deps.registry.ensure([(step.tool, step.tool_version)])
+    tool = deps.registry.get(step.tool, step.tool_version)
+    return schemas.StepOutput(
+        task_id=task_id,
+        step_id=step_id,
+        status=step.status,
+        output=redact_output(step.output, tool.redact),
+    )
+
+
+@router.get(
+    "/{task_id}/trace",
+    responses=PROBLEMS,
+    summary="The task's trace in Jaeger's JSON (the UI's \"Upload JSON\"), from the event log",
+)
+async def task_trace(task_id: str, deps: Deps, who: Caller) -> dict[str, Any]:
+    view = await deps.tasks.get(task_id)
+    if view.task.tenant != who.tenant:
+        raise TaskNotFoundError(task_id)
+    events: list[EventRow] = []
+    while len(events) < MAX_TRACE_EVENTS:
+        page = await deps.tasks.events(task_id, after=events[-1].id if events else 0, limit=5000)
+        events += page
+        if len(page) < 5000:
+            break
+    return jaeger_trace(view.task, view.steps, events)
 
 
 __all__ = [

@@ -40,6 +40,13 @@ IfMatch = Annotated[
     Header(description="Only if the tool is still at this revision (its ETag)", max_length=32),
 ]
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+# What :import reads (as YAML or JSON) and :export writes: `tools: [definition, ...]`.
+TOOLS_DOCUMENT = {
+    "type": "object",
+    "required": ["tools"],
+    "additionalProperties": False,
+    "properties": {"tools": {"type": "array", "items": {"type": "object"}}},
+}
 
 
 class ToolOut(BaseModel):
@@ -170,7 +177,7 @@ async def tool_breakers(deps: Deps, who: Caller) -> dict[str, Any]:
     "",
     status_code=201,
     response_model=ToolOut,
-    responses=problem_responses(409),
+    responses=problem_responses(400, 409),
     summary="Add a tool to the catalogue",
 )
 async def create_tool(spec: ToolSpec, deps: Deps, who: Caller) -> Response:
@@ -189,7 +196,7 @@ async def get_tool(name: str, deps: Deps, who: Caller) -> Response:
 @router.put(
     "/{name}",
     response_model=ToolOut,
-    responses=problem_responses(404, 409, 412),
+    responses=problem_responses(400, 404, 409, 412),
     summary="Replace a tool's definition (a new version; the same definition changes nothing)",
 )
 async def update_tool(
@@ -330,13 +337,8 @@ async def export_tools(
         "requestBody": {
             "required": True,
             "content": {
-                "application/yaml": {"schema": {"type": "string"}},
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {"tools": {"type": "array", "items": {"type": "object"}}},
-                    }
-                },
+                "application/yaml": {"schema": TOOLS_DOCUMENT},
+                "application/json": {"schema": TOOLS_DOCUMENT},
             },
         }
     },
@@ -375,7 +377,7 @@ def _diff_out(diff: CatalogDiff, *, dry_run: bool) -> CatalogDiffOut:
 
 
 def _parse_document(raw: bytes, content_type: str) -> list[ToolSpec]:
-    """A tools file (`tools: [...]` or a list) as YAML or JSON → specs, or every problem."""
+    """A tools document (`tools: [...]`) as YAML or JSON → specs, or every problem."""
     try:
         text = raw.decode("utf-8")
         if content_type.split(";", maxsplit=1)[0].strip().lower() in YAML_TYPES:
@@ -384,11 +386,15 @@ def _parse_document(raw: bytes, content_type: str) -> list[ToolSpec]:
             document = json.loads(text)
     except (ValueError, RecursionError, yaml.YAMLError) as exc:
         raise BadJsonError(f"not a YAML or JSON tools document: {exc}") from None
-    if isinstance(document, dict) and set(document) <= {"tools"}:
-        document = document.get("tools")
+    if isinstance(document, dict) and set(document) == {"tools"}:
+        document = document["tools"]
+    else:
+        raise ImportInvalidError(
+            [{"pointer": "", "code": "invalid_type", "detail": 'expected {"tools": [...]}'}]
+        )
     if not isinstance(document, list):
         raise ImportInvalidError(
-            [{"pointer": "", "code": "invalid_type", "detail": "expected {tools: [...]} or a list"}]
+            [{"pointer": "/tools", "code": "invalid_type", "detail": "'tools' must be a list"}]
         )
     specs: list[ToolSpec] = []
     errors: list[dict[str, str]] = []

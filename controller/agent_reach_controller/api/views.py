@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from agent_reach_controller.api import schemas
 from agent_reach_controller.receipts import render_receipt_dict
 from agent_reach_controller.state.tasks import TaskView
@@ -33,7 +35,12 @@ def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
     if task.source == "openai":
         messages = [
             schemas.ToolMessage(
-                tool_call_id=s.step_id, content=render_receipt_dict(s.receipt, budget=budget)
+                tool_call_id=s.step_id,
+                content=render_receipt_dict(
+                    s.receipt,
+                    budget=budget,
+                    handle=f"/v1/tasks/{task.task_id}/steps/{s.step_id}/output",
+                ),
             )
             for s in view.steps
             if s.receipt is not None
@@ -49,4 +56,28 @@ def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
         finished_at=task.finished_at,
         steps=steps,
         tool_messages=messages,
+        caps=_caps(view),
+        usage=_usage(view),
+    )
+
+
+def _caps(view: TaskView) -> dict[str, schemas.CapUse] | None:
+    limits = view.task.caps or {}
+    used = view.usage or {}
+    if not limits and not used:
+        return None
+    return {
+        name: schemas.CapUse(limit=limits.get(name), used=used.get(name, 0.0))
+        for name in sorted({*limits, *used})
+    }
+
+
+def _usage(view: TaskView) -> schemas.TaskUsage:
+    task = view.task
+    end = task.finished_at or datetime.now(UTC)
+    return schemas.TaskUsage(
+        input_tokens=task.input_tokens,
+        output_tokens=task.output_tokens,
+        tool_calls=view.tool_calls,
+        duration_ms=max(0, int((end - task.created_at).total_seconds() * 1000)),
     )

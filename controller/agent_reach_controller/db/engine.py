@@ -17,6 +17,10 @@ from sqlalchemy.pool import StaticPool
 TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 CommitHook = Callable[[AsyncConnection], Awaitable[None]]
+AfterCommit = Callable[[], Awaitable[None]]
+# Told about every transaction of a Database just before it commits; what it returns runs once
+# the commit has succeeded (never after a rollback).
+CommitObserver = Callable[[AsyncConnection], Awaitable[AfterCommit | None]]
 
 
 def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
@@ -86,6 +90,15 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self._observers: list[CommitObserver] = []
+
+    def observe_commits(self, observer: CommitObserver) -> None:
+        """Call `observer(conn)` in every transaction just before its `before_commit` hooks.
+
+        The callable it returns, if any, is awaited once the transaction has committed (outside
+        SQLite's writer lock); a transaction that rolls back calls nothing.
+        """
+        self._observers.append(observer)
 
     @property
     def is_postgres(self) -> bool:
@@ -96,19 +109,27 @@ class Database:
         """A connection inside a transaction: committed on success, rolled back on error.
 
         Callbacks registered with `before_commit` run, in order, just before a successful
-        commit (batched writes such as the event log use it).
+        commit (batched writes such as the event log use it); observers (`observe_commits`)
+        run before them, and what they return after the commit.
         """
+        committed: list[AfterCommit] = []
         async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
             # Read once, while the connection is sound: on a connection that died mid-way
             # `conn.info` raises, and that error would replace the real one (a lost database).
             info = conn.info
             try:
                 yield conn
+                for observer in self._observers:
+                    then = await observer(conn)
+                    if then is not None:
+                        committed.append(then)
                 for hook in info.get(_BEFORE_COMMIT, ()):
                     await hook(conn)
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
                     del info[key]
+        for then in committed:
+            await then()
 
     async def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""

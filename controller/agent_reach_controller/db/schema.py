@@ -113,6 +113,11 @@ tasks = sa.Table(
     sa.Column("finished_at", UtcDateTime()),
     sa.Column("deadline", UtcDateTime()),
     sa.Column("max_attempts", sa.Integer()),
+    # The task's own blast-radius caps, {effect class: units}; NULL: none (see flow/caps.py).
+    sa.Column("caps", Json),
+    # Model tokens the caller reported spending on this task (POST /v1/tasks/{id}/usage).
+    sa.Column("input_tokens", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("output_tokens", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The deadline sweep's index: only unfinished tasks that have a deadline.
@@ -311,5 +316,63 @@ audit_log = sa.Table(
         "id",
         postgresql_where=sa.text("hash IS NULL"),
         sqlite_where=sa.text("hash IS NULL"),
+    ),
+)
+
+# Blast-radius caps (`state/caps.py`): one counter per (scope, effect class). `bucket` 0 is the
+# running total, and the row every charge locks; a tenant's window also has one row per bucket
+# of a sixtieth of the window (`bucket` = its start in Unix seconds), summed over the window.
+cap_usage = sa.Table(
+    "cap_usage",
+    metadata,
+    # "task:<task id>" or "tenant:<name>".
+    sa.Column("scope", sa.String(200), primary_key=True),
+    sa.Column("effect", sa.String(64), primary_key=True),
+    sa.Column("bucket", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("used", sa.Float(), nullable=False),
+    _now_column("updated_at"),
+)
+
+# What each step was charged, once per step and tool: a retry finds its row and is not charged
+# again; a fallback tool is charged for itself.
+cap_charges = sa.Table(
+    "cap_charges",
+    metadata,
+    sa.Column(
+        "step_key",
+        sa.BigInteger(),
+        sa.ForeignKey("steps.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    sa.Column("tool", sa.String(128), primary_key=True),
+    sa.Column("task_id", sa.String(36), nullable=False, index=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    # {effect class: units}
+    sa.Column("units", Json, nullable=False),
+    _now_column("charged_at"),
+)
+
+# Webhook deliveries not yet acknowledged (`state/webhooks.py`): written in the transaction that
+# asks for an approval, sent after it commits, retried with backoff until 2xx or `expires_at`.
+webhook_outbox = sa.Table(
+    "webhook_outbox",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("payload", Json, nullable=False),
+    _now_column("created_at"),
+    # When to try next (also a lease: a sender moves it forward before it sends).
+    _now_column("due_at"),
+    sa.Column("expires_at", UtcDateTime()),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("delivered_at", UtcDateTime()),
+    sa.Column("given_up_at", UtcDateTime()),
+    sa.Column("last_error", sa.String(300)),
+    sa.Index(
+        "ix_webhook_outbox_pending",
+        "due_at",
+        postgresql_where=sa.text("delivered_at IS NULL AND given_up_at IS NULL"),
+        sqlite_where=sa.text("delivered_at IS NULL AND given_up_at IS NULL"),
     ),
 )

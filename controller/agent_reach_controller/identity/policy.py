@@ -7,6 +7,13 @@
 An action on a tool is allowed when any of the principal's roles has a grant whose pattern
 matches the tool's name (shell-style: `*`, `?`, `[...]`). `admin` on `*` manages keys and tools.
 Nothing is allowed that no grant names: a role without grants may only read its tenant's tasks.
+
+Tenants may have blast-radius caps (see `flow/caps.py`); `"*"` is every tenant's default, and a
+tenant's own entry replaces it class by class:
+
+    tenants:
+      "*":  {caps: {payment: {limit: 10, window: 24h}}, per_task: {payment: 1}}
+      acme: {caps: {payment: {limit: 50, window: 24h}, cost: {limit: 1000, window: 1h}}}
 """
 
 from __future__ import annotations
@@ -16,10 +23,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_reach_controller.flow.caps import TenantCaps
+from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds
+
+# The longest window a tenant's cap may count over.
+MAX_CAP_WINDOW_S = 31 * 24 * 3600.0
+CapLimit = Annotated[float, Field(ge=0, le=MAX_UNITS, allow_inf_nan=False)]
 
 
 class Action(StrEnum):
@@ -35,10 +49,39 @@ class Grant(BaseModel):
     actions: list[Action] = Field(min_length=1)
 
 
+class WindowCap(BaseModel):
+    """At most `limit` units of one class across all the tenant's tasks in any `window`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit: CapLimit
+    window: Annotated[Seconds, Field(le=MAX_CAP_WINDOW_S)]
+
+
+class TenantLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Per rolling window, across the tenant's tasks.
+    caps: dict[EffectClass, WindowCap] = Field(default_factory=dict)
+    # Over each task's life, besides (and never looser than) the task's own caps.
+    per_task: dict[EffectClass, CapLimit] = Field(default_factory=dict)
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     roles: dict[str, list[Grant]]
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict)
+
+    def caps_for(self, tenant: str) -> TenantCaps:
+        """A tenant's caps: its own entry's classes, then the `"*"` entry's for the others."""
+        default = self.tenants.get("*", _NO_LIMITS)
+        own = self.tenants.get(tenant, _NO_LIMITS)
+        windows = {**default.caps, **own.caps}
+        return TenantCaps(
+            windows={name: (cap.limit, cap.window) for name, cap in windows.items()},
+            per_task={**default.per_task, **own.per_task},
+        )
 
     def allows(self, roles: Iterable[str], action: Action, tool: str = "*") -> bool:
         for role in roles:
@@ -54,6 +97,8 @@ class Policy(BaseModel):
             for g in self.roles.get(role, ())
         )
 
+
+_NO_LIMITS = TenantLimits()
 
 DEFAULT = Policy.model_validate(
     {

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from agent_reach_controller.planning import grounding
+from agent_reach_controller.planning import effects, grounding
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition
 from agent_reach_controller.planning.graph import Node, dependency_problems
 from agent_reach_controller.planning.limits import (
@@ -34,6 +34,7 @@ from agent_reach_controller.planning.shapes import (
     StepDraft,
     read_body,
     read_budget,
+    read_caps,
     read_context,
     read_deadline,
     read_goal,
@@ -79,6 +80,8 @@ class Plan:
     source: Literal["plan", "openai"]
     deadline_s: float | None = None
     max_attempts: int | None = None
+    # The most units of each class of side effects the task may use (see planning/effects.py).
+    caps: dict[str, float] | None = None
 
 
 def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
@@ -273,6 +276,7 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
     context = read_context(body, limits, out)
     deadline_s = read_deadline(body, out)
     max_attempts = read_budget(body, out)
+    caps = read_caps(body, out)
     priority = (
         read_priority(body["priority"], "/priority", out)
         if isinstance(body, dict) and body.get("priority") is not None
@@ -304,6 +308,8 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         if s is not None
     )
     plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
+    if caps:
+        _check_caps(steps, catalog, caps, key="tool_calls" if source == "openai" else "steps")
     return Plan(
         goal=goal,
         steps=steps,
@@ -311,4 +317,26 @@ def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_
         source=plan_source,
         deadline_s=deadline_s,
         max_attempts=max_attempts,
+        caps=caps,
     )
+
+
+def _check_caps(
+    steps: tuple[PlannedStep, ...], catalog: ToolCatalog, caps: dict[str, float], *, key: str
+) -> None:
+    """PlanInvalidError when the steps that must all run already need more than a cap allows."""
+    problems = effects.cap_problems(
+        [
+            effects.StaticStep(
+                step_id=step.step_id,
+                pointer=f"/{key}/{step.position}",
+                depends_on=step.depends_on,
+                conditional=step.when is not None,
+                charges=effects.known_charges(catalog[step.tool], step.args),
+            )
+            for step in steps
+        ],
+        caps,
+    )
+    if problems:
+        raise PlanInvalidError(problems)

@@ -28,6 +28,7 @@ class ProblemCode(StrEnum):
     TOO_LARGE = "too_large"
     INVALID_NUMBER = "invalid_number"
     UNGROUNDED_ARGUMENT = "ungrounded_argument"
+    CAP_EXCEEDED = "cap_exceeded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

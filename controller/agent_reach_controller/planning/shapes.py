@@ -8,13 +8,20 @@ from typing import Any
 
 from agent_reach_controller.planning.limits import PlanLimits, check_size, check_value
 from agent_reach_controller.planning.problems import ProblemCode, ProblemCollector, pointer_join
+from agent_reach_controller.tools.catalog import EFFECT_CLASS, EFFECT_NAME, MAX_UNITS
 
 P = ProblemCode
-_PLAN_KEYS = frozenset({"goal", "steps", "context", "deadline_seconds", "budget", "priority"})
+_PLAN_KEYS = frozenset(
+    {"goal", "steps", "context", "deadline_seconds", "budget", "priority", "caps"}
+)
 _STEP_KEYS = frozenset(
     {"step_id", "tool", "args", "depends_on", "when", "retry", "timeouts", "priority"}
 )
-_OPENAI_KEYS = frozenset({"tool_calls", "context", "deadline_seconds", "budget", "priority"})
+_OPENAI_KEYS = frozenset(
+    {"tool_calls", "context", "deadline_seconds", "budget", "priority", "caps"}
+)
+# The most classes a task's `caps` may name.
+MAX_CAPS = 32
 # Higher runs first; the same range for a plan's default and a step's own.
 PRIORITY_RANGE = (-1000, 1000)
 # The longest deadline a task may ask for: 30 days.
@@ -258,3 +265,27 @@ def read_budget(body: Any, out: ProblemCollector) -> int | None:
         out.add("/budget/max_attempts", P.INVALID_TYPE, "'max_attempts' must be an integer >= 1")
         return None
     return value
+
+
+def read_caps(body: Any, out: ProblemCollector) -> dict[str, float] | None:
+    """`caps`: the most units of each class of side effects the whole task may use."""
+    if not isinstance(body, dict) or body.get("caps") is None:
+        return None
+    caps = _object(body["caps"], "/caps", "'caps'", out)
+    if caps is None:
+        return None
+    if len(caps) > MAX_CAPS:
+        out.add("/caps", P.TOO_LARGE, f"{len(caps):,} caps; the limit is {MAX_CAPS}")
+        return None
+    found: dict[str, float] = {}
+    for name, value in caps.items():
+        where = pointer_join("/caps", str(name))
+        if not isinstance(name, str) or EFFECT_NAME.fullmatch(name) is None:
+            out.add(where, P.INVALID_TYPE, f"a cap names a class of effects: {EFFECT_CLASS}")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            out.add(where, P.INVALID_TYPE, f"a cap must be a number, not {_type_name(value)}")
+        elif not 0 <= value <= MAX_UNITS:  # NaN fails this too
+            out.add(where, P.INVALID_NUMBER, f"a cap must be from 0 to {MAX_UNITS:g}")
+        else:
+            found[name] = float(value)
+    return found or None

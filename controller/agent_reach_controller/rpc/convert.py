@@ -6,7 +6,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from agent_reach.ids import make_traceparent, new_span_id
+from agent_reach.ids import make_traceparent
+from agent_reach.telemetry import dispatch_span_id
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.state.outcomes import AttemptError, AttemptResult, closes_at
 from agent_reach_controller.state.records import StepRow
@@ -46,7 +47,10 @@ def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
         args_json=_dumps(step.resolved_args if step.resolved_args is not None else step.args),
         idempotency_key=step.idempotency_key,
         trace_id=step.trace_id,
-        traceparent=make_traceparent(step.trace_id, new_span_id()),
+        # The executor's span is a child of the dispatch span (see agent_reach.telemetry).
+        traceparent=make_traceparent(
+            step.trace_id, dispatch_span_id(step.task_id, step.step_id, step.attempt)
+        ),
         timeout_ms=_attempt_timeout_ms(step, timeouts, tool),
         heartbeat_timeout_ms=int((timeouts.heartbeat or 0) * 1000),
         lease_expires_at_ms=to_ms(step.lease_expires_at),

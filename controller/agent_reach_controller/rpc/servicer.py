@@ -10,7 +10,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.trace import SpanKind
 
+from agent_reach import telemetry
+from agent_reach.telemetry import tracing_enabled
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_controller.db.engine import STORAGE_DOWN
@@ -21,6 +24,7 @@ from agent_reach_controller.rpc.convert import (
     to_ms,
 )
 from agent_reach_controller.state.dispatch import DispatchService
+from agent_reach_controller.state.records import StepRow
 from agent_reach_controller.state.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             wait=request.wait_ms / 1000,
         )
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
+        trace_dispatch(claimed, executor_id=request.executor_id)
         return pb.PollStepsResponse(
             steps=[
                 assignment_to_proto(s, self._registry.get(s.tool, s.tool_version)) for s in claimed
@@ -154,3 +159,27 @@ def build_server(service: ExecutorService, address: str) -> tuple[Any, int, Any]
     if port == 0:
         raise OSError(f"could not bind gRPC to {address}")
     return server, port, health_servicer
+
+
+def trace_dispatch(claimed: list[StepRow], *, executor_id: str) -> None:
+    """One span per attempt handed out: the hop from the task's trace to an executor."""
+    if not tracing_enabled():
+        return
+    for step in claimed:
+        with telemetry.span(
+            f"{telemetry.DISPATCH} {step.tool}",
+            trace_id=step.trace_id,
+            span_id=telemetry.dispatch_span_id(step.task_id, step.step_id, step.attempt),
+            parent_span_id=telemetry.task_span_id(step.task_id),
+            kind=SpanKind.PRODUCER,
+            attributes={
+                telemetry.TASK_ID: step.task_id,
+                telemetry.STEP_ID: step.step_id,
+                telemetry.ATTEMPT: step.attempt,
+                telemetry.EXECUTOR_ID: executor_id,
+                telemetry.GEN_AI_TOOL_NAME: step.tool,
+                "rpc.system": "grpc",
+                "rpc.method": "PollSteps",
+            },
+        ):
+            pass

@@ -156,8 +156,8 @@ async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]
         return []
     # Materialized: an IN (SELECT … SKIP LOCKED) subquery may be evaluated more than once by
     # the planner and lease rows it did not lock.
-    picked = _lockable(keys).cte("picked").prefix_with("MATERIALIZED")
-    return await _lease(conn, steps.c.id == picked.c.id, claim)
+    picked = _lockable(keys).with_only_columns(*_PICKED)
+    return await _lease(conn, picked.cte("picked").prefix_with("MATERIALIZED"), claim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +187,11 @@ async def pick_ready(
 async def lease_steps(
     conn: AsyncConnection, keys: Sequence[int], claim: ClaimInput
 ) -> list[StepRow]:
-    """Lease these picked steps."""
-    return await _lease(conn, steps.c.id.in_(list(keys)), claim) if keys else []
+    """Lease these picked steps (`pick_ready` locked them)."""
+    if not keys:
+        return []
+    picked = sa.select(*_PICKED).where(steps.c.id.in_(list(keys)))
+    return await _lease(conn, picked.cte("picked").prefix_with("MATERIALIZED"), claim)
 
 
 async def defer_steps(conn: AsyncConnection, due: Mapping[int, datetime]) -> None:
@@ -246,12 +249,27 @@ async def _free_per_tool(conn: AsyncConnection, concurrency: Mapping[str, int]) 
     return {tool: concurrency[tool] - running.get(tool, 0) for tool in tools}
 
 
-async def _lease(
-    conn: AsyncConnection, which: sa.ColumnElement[bool], claim: ClaimInput
-) -> list[StepRow]:
+# What a lease reads before it writes: the step, and when its attempt was queued. Not named
+# `id`: SQLite's RETURNING drops table prefixes, and `id = id` inside the subquery would match
+# any row of the CTE.
+_PICKED = (steps.c.id.label("step_key"), steps.c.updated_at.label("queued_at"))
+
+
+async def _lease(conn: AsyncConnection, picked: sa.CTE, claim: ClaimInput) -> list[StepRow]:
+    """Lease the steps of `picked` (a materialized CTE of `_PICKED`) that are still queued.
+
+    Each row comes back with its `queued_at`, the `updated_at` it had before this lease (read
+    from the CTE: RETURNING sees only new values, and on SQLite only the updated table).
+    """
+    queued_at = (
+        sa.select(picked.c.queued_at).where(picked.c.step_key == steps.c.id).scalar_subquery()
+    )
     stmt = (
         sa.update(steps)
-        .where(which, steps.c.status.in_(sources(Transition.LEASE)))
+        .where(
+            steps.c.id.in_(sa.select(picked.c.step_key)),
+            steps.c.status.in_(sources(Transition.LEASE)),
+        )
         .values(
             status=target(Transition.LEASE),
             lease_owner=claim.executor_id,
@@ -259,7 +277,7 @@ async def _lease(
             started_at=sa.func.coalesce(steps.c.started_at, claim.now),
             updated_at=claim.now,
         )
-        .returning(*steps.c)
+        .returning(*steps.c, queued_at.label("queued_at"))
     )
     claimed = [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
     await append_events(

@@ -8,7 +8,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -19,7 +19,9 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
 from agent_reach_controller.flow.ratelimits import Rate, bucket_key
+from agent_reach_controller.metrics import ControllerMetrics, DispatchCounters
 from agent_reach_controller.state import approvals, claims, flow_store, store
+from agent_reach_controller.state.caps import CapService, TenantCapsLookup
 from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
@@ -82,13 +84,16 @@ class GrantCheck(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Guards:
-    """What dispatch asks besides the queue: rate-limit buckets, and whether submitters still may.
+    """What dispatch asks besides the queue: rate-limit buckets, whether submitters still may,
+    and each tenant's caps on side effects (`state/caps.py`).
 
     `limiter` defaults to Postgres when several replicas may dispatch, else this process.
     """
 
     limiter: RateLimiter
     grants: GrantCheck | None = None
+    tenant_caps: TenantCapsLookup | None = None
+    metrics: ControllerMetrics | None = None  # where dispatch reports what it does
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,17 +108,6 @@ class Governance:
     @property
     def active(self) -> bool:
         return bool(self.pauses or self.caps or self.per_key or self.rates)
-
-
-@dataclass(slots=True)
-class DispatchCounters:
-    leased: int = 0
-    results_accepted: int = 0
-    results_rejected: int = 0
-    leases_expired: int = 0
-    # Steps a rate limit sent back to the queue to wait for their bucket.
-    rate_limited: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class DispatchService:
@@ -132,7 +126,11 @@ class DispatchService:
         self._db = db
         # Postgres when several replicas may dispatch; in this process for embedded SQLite.
         self._guards = guards or Guards(limiter=SqlLimiter() if db.is_postgres else MemoryLimiter())
+        self.metrics = self._guards.metrics or ControllerMetrics()
         self._registry = registry
+        self.effect_caps = CapService(
+            db=db, registry=registry, tenant_caps=self._guards.tenant_caps
+        )
         self._tasks = tasks
         self._notifier = notifier
         self.timings = timings
@@ -236,6 +234,7 @@ class DispatchService:
                 reason="the downstream said its quota is spent",
                 now=now,
             )
+            self.metrics.tool_paused(conn, tool)
             log.info(
                 "holding back %s for %.1f s: its downstream asked to slow down",
                 tool,
@@ -292,8 +291,12 @@ class DispatchService:
             self.queue_depth -= steps
 
     async def refresh_queue_depth(self) -> int:
+        """Count the queue for admission control, and set its gauges (one grouped query)."""
+        now = datetime.now(UTC)
         async with self._db.transaction() as conn:
-            self.queue_depth = await store.queue_depth(conn)
+            queued = await store.queue_by_tool(conn, now=now)
+        self.queue_depth = sum(q.depth for q in queued)
+        self.metrics.queue(queued, tools=self._registry.catalog, now=now)
         return self.queue_depth
 
     async def claim(
@@ -332,15 +335,16 @@ class DispatchService:
             await self._start_probes(conn, {s.tool for s in claimed}, now)
         self.counters.leased += len(claimed)
         claimed = await self._drop_refused(claimed, executor_id=executor_id)
+        self.metrics.leased(claimed, now=now)
         return claimed, None
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
         """End, instead of handing out, leased steps that may not run after all.
 
         A dangerous step needs an approval that is for this step, this tool version and these
-        exact arguments; a submitter's key must still be live and granted the tool. Checked
-        after the lease commits (refusals are rare); if this replica dies in between, the lease
-        expires and the next claim checks again.
+        exact arguments; a submitter's key must still be live and granted the tool; the rest are
+        charged against their caps, once per step. Checked after the lease commits (refusals are
+        rare); if this replica dies in between, the lease expires and the next claim checks again.
         """
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
         refused: dict[int, tuple[str, ErrorCode]] = {}
@@ -355,6 +359,7 @@ class DispatchService:
                 reason = await self._guards.grants.refusal(step.key_id, step.tool)
             if reason is not None:
                 refused[step.id] = (reason, ErrorCode.FORBIDDEN)
+        refused |= await self.effect_caps.charge([s for s in claimed if s.id not in refused])
         if not refused:
             return claimed
         await self._settle(
@@ -366,7 +371,7 @@ class DispatchService:
             decide=lambda s, ctx: not_permitted(s, ctx, *refused[s.id]),
         )
         log.warning(
-            "%d leased steps were not run: tool withdrawn, not approved, or not permitted",
+            "%d leased steps were not run: tool withdrawn, not approved, not permitted, or capped",
             len(refused),
             extra={"event": "step_forbidden"},
         )
@@ -442,6 +447,7 @@ class DispatchService:
                 behind[bucket] += 1
                 deferred[key] = claim.now + timedelta(seconds=later)
             await claims.defer_steps(conn, deferred)
+            self.metrics.rate_limited(conn, [c.tool for c in candidates if c.key in deferred])
             self.counters.rate_limited += len(deferred)
         return await claims.lease_steps(conn, picked, claim)
 
@@ -555,6 +561,7 @@ class DispatchService:
             seen.add(result.step_key)
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
         applied = [(r, c) for r, c, _ in decided if c is not None and c.step.id in moved]
+        self.metrics.results(conn, applied)
         opened = await self._record_outcomes(conn, [c for _, c in applied], now)
         await self._learn_pauses(conn, applied, now)
         # Pollers to wake: of steps back in the queue, and of capped tools that freed a slot.
@@ -612,6 +619,7 @@ class DispatchService:
                 ],
             )
         self.counters.results_rejected += 1
+        self.metrics.rejected(conn, reason)
         self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
         log.info(
             "rejected a result for step key %s attempt %s from %s: %s",
@@ -643,6 +651,7 @@ class DispatchService:
             decide=decide_lease_expiry,
         )
         self.counters.leases_expired += reaped
+        self.metrics.leases_expired(reaped)
         if reaped:
             log.warning(
                 "handled %d steps whose lease expired (re-queued, failed or held for an operator)",
@@ -750,6 +759,7 @@ class DispatchService:
                 if due(step)
             ]
             moved = await store.change_steps(conn, changes, now=now)
+            self.metrics.settled(conn, [c for c in changes if c.step.id in moved])
             connectors = {
                 c.values.get("connector", c.step.connector) for c in changes if c.step.id in moved
             }

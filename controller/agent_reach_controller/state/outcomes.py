@@ -12,7 +12,13 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.flow.ratelimits import concurrency_key, step_key
 from agent_reach_controller.planning.plan import validate_resolved_args
-from agent_reach_controller.receipts import Receipt, ReceiptError, ReceiptMeta, project_output
+from agent_reach_controller.receipts import (
+    Receipt,
+    ReceiptError,
+    ReceiptMeta,
+    project_output,
+    redact_output,
+)
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolSpec, backoff_delay
 
@@ -64,7 +70,9 @@ def terminal_values(
     began = step.started_at or step.created_at
     receipt = Receipt(
         status=status.value,
-        data=project_output(output, tool.output) if status is StepStatus.SUCCEEDED else None,
+        data=project_output(redact_output(output, tool.redact), tool.output)
+        if status is StepStatus.SUCCEEDED
+        else None,
         error=ReceiptError(
             code=error["code"], message=error["message"], retryable=bool(error["retryable"])
         )

@@ -49,6 +49,9 @@ class StepRow:
     key_id: str | None = None
     approval: dict[str, Any] | None = None
     decide_by: datetime | None = None
+    # Not a column: set only on a step just leased, its `updated_at` before the lease (when the
+    # attempt was queued), for the schedule-to-start metric.
+    queued_at: datetime | None = None
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
@@ -77,6 +80,9 @@ class TaskRow:
     deadline: datetime | None = None
     max_attempts: int | None = None
     tenant: str = "default"
+    caps: dict[str, float] | None = None  # the task's own blast-radius caps
+    input_tokens: int = 0  # model tokens the caller reported for this task
+    output_tokens: int = 0
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
@@ -100,6 +106,15 @@ class EventRow:
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> EventRow:
         return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedTool:
+    """One tool's queue: its ready steps, and when the longest-waiting due one became due."""
+
+    tool: str
+    depth: int
+    oldest_due: datetime | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

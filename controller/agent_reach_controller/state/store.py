@@ -26,7 +26,13 @@ from agent_reach_controller.db.schema import (
     steps,
     tasks,
 )
-from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
+from agent_reach_controller.state.records import (
+    EventRow,
+    QueuedTool,
+    StepChange,
+    StepRow,
+    TaskRow,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +59,12 @@ async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
         buffered = conn.info[_EVENTS] = []
         before_commit(conn, _flush_events)
     buffered.extend(new)
+
+
+def tasks_with_events(conn: AsyncConnection) -> frozenset[str]:
+    """The tasks this transaction has appended events to and not yet flushed (see notifier)."""
+    buffered: list[NewEvent] = conn.info.get(_EVENTS, [])
+    return frozenset(e.task_id for e in buffered)
 
 
 async def _flush_events(conn: AsyncConnection) -> None:
@@ -142,12 +154,22 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
 
 
-async def queue_depth(conn: AsyncConnection) -> int:
-    """Steps waiting for an executor (ready, due or not), over the claim query's partial index."""
-    row = await conn.execute(
-        sa.select(sa.func.count()).select_from(steps).where(steps.c.status == StepStatus.READY)
+async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedTool]:
+    """Steps waiting for an executor (ready, due or not) per tool, in one grouped query.
+
+    A due step became due at the later of its last change (queued) and its `not_before`
+    (backoff, hold, rate limit); `oldest_due` is the earliest such time among the due ones.
+    """
+    nb, changed = steps.c.not_before, steps.c.updated_at
+    due_at = sa.case((nb > changed, nb), else_=changed)
+    is_due = sa.or_(nb.is_(None), nb <= now)
+    oldest = sa.type_coerce(sa.func.min(sa.case((is_due, due_at))), UtcDateTime())
+    rows = await conn.execute(
+        sa.select(steps.c.tool, sa.func.count(), oldest)
+        .where(steps.c.status == StepStatus.READY)
+        .group_by(steps.c.tool)
     )
-    return int(row.scalar_one())
+    return [QueuedTool(tool=t, depth=int(n), oldest_due=when) for t, n, when in rows.all()]
 
 
 # --- steps: transitions ---------------------------------------------------------------------
@@ -367,6 +389,36 @@ async def load_task(conn: AsyncConnection, task_id: str) -> TaskRow | None:
     row = (await conn.execute(sa.select(tasks).where(tasks.c.task_id == task_id))).mappings()
     first = row.first()
     return TaskRow.from_mapping(first) if first else None
+
+
+async def add_token_usage(
+    conn: AsyncConnection, task_id: str, *, input_tokens: int, output_tokens: int, now: datetime
+) -> TaskRow | None:
+    """Add reported model tokens to a task (one guarded UPDATE: concurrent reports all count)."""
+    row = (
+        await conn.execute(
+            sa.update(tasks)
+            .where(tasks.c.task_id == task_id)
+            .values(
+                input_tokens=tasks.c.input_tokens + input_tokens,
+                output_tokens=tasks.c.output_tokens + output_tokens,
+                updated_at=now,
+            )
+            .returning(*tasks.c)
+        )
+    ).mappings()
+    first = row.first()
+    return TaskRow.from_mapping(first) if first else None
+
+
+async def count_tool_calls(conn: AsyncConnection, task_id: str) -> int:
+    """Attempts handed to an executor (lease events), every step and retry included."""
+    counted = await conn.execute(
+        sa.select(sa.func.count())
+        .select_from(events)
+        .where(events.c.task_id == task_id, events.c.kind == "lease")
+    )
+    return int(counted.scalar_one())
 
 
 async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, TaskRow]:

@@ -27,12 +27,14 @@ from agent_reach.states import (
 from agent_reach_controller import audit
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan, validate_resolved_args
-from agent_reach_controller.state import approvals, store
+from agent_reach_controller.state import approvals, store, webhooks
 from agent_reach_controller.state.advance import AdvanceInput, budget_for, decide_unblocks
+from agent_reach_controller.state.caps import task_usage
 from agent_reach_controller.state.notifier import Notifier, Wake, task_key
 from agent_reach_controller.state.outcomes import Budget, decide_resolution, terminal_values
 from agent_reach_controller.state.records import EventRow, StepChange, StepRow, TaskRow
 from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.webhooks import ApprovalWebhook
 
 
 class TaskNotFoundError(LookupError):
@@ -119,12 +121,15 @@ class SubmitInput:
     idempotency_key: str | None = None
     trace_id: str | None = None
     parent_span_id: str | None = None
+    task_id: str | None = None  # chosen by the caller (the API names its spans after it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskView:
     task: TaskRow
     steps: list[StepRow]
+    usage: dict[str, float] | None = None  # what the task used of each capped class
+    tool_calls: int = 0  # attempts handed to executors so far
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,16 +167,19 @@ class TaskService:
         registry: ToolRegistry,
         notifier: Notifier,
         approval_ttl: timedelta = timedelta(hours=1),
+        announcer: ApprovalWebhook | None = None,
     ) -> None:
         self._db = db
         self._registry = registry
         self._notifier = notifier
         self._approval_ttl = approval_ttl
+        # Where approval requests are announced (an outbox row per request), if anywhere.
+        self._announcer = announcer
 
     async def submit(self, data: SubmitInput) -> Submitted:
         """Persist a validated plan and make its first steps ready, in one transaction."""
         now = datetime.now(UTC)
-        task_id = new_task_id()
+        task_id = data.task_id or new_task_id()
         async with self._db.transaction() as conn:
             if data.idempotency_key is not None:
                 stored_hash, stored_task = await store.claim_idempotency_key(
@@ -320,8 +328,18 @@ class TaskService:
             and self._registry.get(c.step.tool, c.step.tool_version).risk == "dangerous"
         ]
         # Dangerous steps go on to wait for a person; they are never offered to an executor.
-        for asked in await store.change_steps(conn, asks, now=now):
-            after[asked] = StepStatus.AWAITING_APPROVAL
+        asked = await store.change_steps(conn, asks, now=now)
+        for step_id in asked:
+            after[step_id] = StepStatus.AWAITING_APPROVAL
+        if self._announcer is not None and asked:
+            await self._announcer.enqueue(
+                conn,
+                [
+                    (webhooks.approval_request(a, tasks[a.step.task_id]), a.values["decide_by"])
+                    for a in asks
+                    if a.step.id in asked
+                ],
+            )
         result.ready_connectors.update(
             c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
         )
@@ -399,6 +417,29 @@ class TaskService:
             task = await store.load_task(conn, task_id)
         if task is None or task.tenant != tenant:
             raise TaskNotFoundError(task_id)
+
+    async def report_tokens(
+        self, task_id: str, *, input_tokens: int, output_tokens: int, actor: str, tenant: str
+    ) -> TaskView:
+        """Add model tokens the caller spent on a task (any state; tasks are billed after too)."""
+        now = datetime.now(UTC)
+        async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+            if task is None or task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            await store.add_token_usage(
+                conn, task_id, input_tokens=input_tokens, output_tokens=output_tokens, now=now
+            )
+            await audit.record(
+                conn,
+                actor=actor,
+                tenant=tenant,
+                action="task.usage",
+                target=f"task:{task_id}",
+                data={"input_tokens": input_tokens, "output_tokens": output_tokens},
+                now=now,
+            )
+            return await self._view(conn, task_id)
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
         async with self._db.transaction() as conn:
@@ -611,7 +652,13 @@ class TaskService:
         task = await store.load_task(conn, task_id)
         if task is None:
             raise TaskNotFoundError(task_id)
-        return TaskView(task=task, steps=await store.load_steps(conn, [task_id]))
+        steps = await store.load_steps(conn, [task_id])
+        return TaskView(
+            task=task,
+            steps=steps,
+            usage=await task_usage(conn, task_id),
+            tool_calls=await store.count_tool_calls(conn, task_id),
+        )
 
 
 def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) -> dict[str, Any]:
@@ -633,6 +680,7 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "finished_at": None,
         "deadline": now + timedelta(seconds=data.plan.deadline_s) if data.plan.deadline_s else None,
         "max_attempts": data.plan.max_attempts,
+        "caps": data.plan.caps,
     }
 
 

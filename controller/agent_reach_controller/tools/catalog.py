@@ -141,13 +141,45 @@ class KeyedLimit(BaseModel):
         return _cel_key(value)
 
 
-def _cel_key(value: str) -> str:
+def _cel_key(value: str, what: str = "key") -> str:
     try:
         cel.compile(value)
     except Exception as exc:  # the Rust binding raises ValueError, and others on odd input
         message = str(exc).replace("\n", " ").strip()
-        raise ValueError(f"key does not compile as CEL: {message}") from None
+        raise ValueError(f"{what} does not compile as CEL: {message}") from None
     return value
+
+
+# A class of side effects a tool declares and a cap counts (`message`, `payment`, `rows`).
+EFFECT_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+EFFECT_CLASS = f"^{EFFECT_NAME.pattern}$"
+# The class a tool's `cost` is counted under.
+COST = "cost"
+# The largest number of units one call may declare, or one cap allow.
+MAX_UNITS = 1e12
+
+
+def _units(value: Any) -> Any:
+    """A number of units (>= 0) or a CEL expression over `args` that gives one per call."""
+    if isinstance(value, bool):
+        raise ValueError("units must be a number or a CEL expression, not a boolean")
+    if isinstance(value, int | float):
+        if not 0 <= value <= MAX_UNITS:  # NaN fails this too
+            raise ValueError(f"units must be a number from 0 to {MAX_UNITS:g}")
+        return float(value)
+    if isinstance(value, str):
+        if not value.strip() or len(value) > 500:
+            raise ValueError("a units expression must have 1 to 500 characters")
+        return _cel_key(value, "the units expression")
+    return value
+
+
+# Units per call: a number, or a CEL expression over the step's resolved `args`.
+Units = Annotated[float | str, BeforeValidator(_units)]
+EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
+# Fields added after tools were first stored: left out of `version` while at their default, so
+# tools that do not use them keep the version (and the pinned tasks) they had.
+_VERSIONED_WHEN_SET = ("effects", "cost", "redact")
 
 
 class Timeouts(BaseModel):
@@ -214,6 +246,9 @@ class ToolSpec(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     output: list[str] | None = None
+    # Output fields never shown to the model or callers (dotted paths; "[redacted]" instead).
+    # The stored output keeps them, so a later step may still reference them.
+    redact: list[str] = Field(default_factory=list)
     # start_to_close: one attempt, from the executor taking it to its result.
     timeout: Seconds = 30.0
     # The whole step, retries and waits included: no attempt starts or runs past it.
@@ -243,6 +278,11 @@ class ToolSpec(BaseModel):
     breaker: BreakerPolicy | None = None
     # Calls per second across every replica, enforced when steps are leased; None: no limit.
     rate_limit: RateLimit | None = None
+    # Side effects of one call, per class, counted against blast-radius caps (`flow/caps.py`):
+    # `{message: 1}`, `{rows: "size(args.rows)"}`.
+    effects: dict[EffectClass, Units] = Field(default_factory=dict, max_length=16)
+    # Cost units of one call (a number or CEL over `args`), counted against `cost` caps.
+    cost: Units | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
@@ -265,12 +305,20 @@ class ToolSpec(BaseModel):
                 raise ValueError(f"grounded names arguments the schema does not: {unknown}")
         return self
 
+    @model_validator(mode="after")
+    def _cost_is_its_own_field(self) -> ToolSpec:
+        if COST in self.effects:
+            raise ValueError(f"declare cost units with `cost:`, not as effects.{COST}")
+        return self
+
     @cached_property
     def version(self) -> str:
         """First 12 hex chars of the sha256 of the spec's canonical JSON."""
-        canonical = json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        dumped = self.model_dump(mode="json")
+        for name in _VERSIONED_WHEN_SET:
+            if not dumped[name]:
+                del dumped[name]
+        canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
