@@ -1,0 +1,112 @@
+"""`reach replay TASK_ID`: what a task was asked, what happened, and what the model was told.
+
+reach replay TASK_ID             the timeline (arguments, attempts, waits, approvals, receipts)
+reach replay TASK_ID --dry-run   re-drive the plan on the recorded results; exit 1 on a difference
+reach replay TASK_ID --rerun     submit the same request again, live, in the same trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from typing import Any
+
+from agent_reach_cli.client_commands import _print, _request, _url
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _detail(moment: dict[str, Any]) -> str:
+    detail = dict(moment.get("detail") or {})
+    error = detail.pop("error", None)
+    parts = [f"{k}={_short(v, 60)}" for k, v in detail.items()]
+    if isinstance(error, dict):
+        parts.insert(0, f"{error.get('code')}: {error.get('message')}")
+    return "  ".join(parts)
+
+
+def format_timeline(replay: dict[str, Any]) -> list[str]:
+    """The timeline as lines: time since the first event, step/attempt, what happened."""
+    request = replay.get("request") or {}
+    lines = [f"task {replay['task_id']}  trace {replay['trace_id']}"]
+    if request.get("goal"):
+        lines.append(f"goal: {request['goal']}")
+    moments = replay.get("timeline") or []
+    start = datetime.fromisoformat(moments[0]["at"]) if moments else None
+    for moment in moments:
+        offset = (datetime.fromisoformat(moment["at"]) - start).total_seconds() if start else 0.0
+        where = moment.get("step_id") or "task"
+        if moment.get("attempt") and moment.get("step_id"):
+            where += f"#{moment['attempt']}"
+        status = f" → {moment['status']}" if moment.get("status") else ""
+        detail = _detail(moment)
+        lines.append(
+            f"{offset:+9.3f}s  {where:<16} {moment['kind']}{status}"
+            + (f"  {detail}" if detail else "")
+        )
+    lines.append("what the model was shown:")
+    for step in (replay.get("dry_run") or {}).get("steps", []):
+        shown = step.get("recorded_message")
+        lines.append(f"  {step['step_id']}: {shown if shown is not None else '(nothing yet)'}")
+    return lines
+
+
+def format_dry_run(replay: dict[str, Any]) -> tuple[list[str], bool]:
+    """Each step's verdict, and whether the whole run was reproduced."""
+    run = replay["dry_run"]
+    lines = []
+    for step in run["steps"]:
+        verdict = "differs" if step["differences"] else "identical"
+        lines.append(f"{step['step_id']}: {verdict} ({step['replayed_status']})")
+        lines += [f"    - {d}" for d in step["differences"]]
+        lines += [f"    note: {n}" for n in step.get("notes", [])]
+    if not run["finished"]:
+        lines.append("the task has not finished: the dry run stops where it stands")
+    lines.append(
+        "reproduced: what the model was told is the same, byte for byte"
+        if run["identical"]
+        else "NOT reproduced"
+    )
+    return lines, bool(run["identical"])
+
+
+def replay(args: argparse.Namespace) -> int:
+    base = f"{_url(args)}/v1/tasks/{args.task_id}"
+    if args.rerun:
+        response = _request("POST", f"{base}/rerun", args)
+        return 2 if response is None else _print(response)
+    response = _request("GET", f"{base}/replay", args)
+    if response is None:
+        return 2
+    if not response.is_success or args.json:
+        return _print(response)
+    body = response.json()
+    if args.dry_run:
+        lines, same = format_dry_run(body)
+        print("\n".join(lines))
+        return 0 if same else 1
+    print("\n".join(format_timeline(body)))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="a task's timeline; --dry-run re-drives it on recorded results; --rerun runs it again",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(handler=replay)
+    p.add_argument("task_id")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="no connector is called")
+    mode.add_argument("--rerun", action="store_true", help="a new task, live, same trace")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument(
+        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
+    )
+    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")

@@ -1,0 +1,117 @@
+"""Replay over HTTP: a task's timeline and dry run, and a live re-run in the same trace."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from agent_reach import telemetry
+from agent_reach.ids import new_task_id
+from agent_reach_controller.api import schemas
+from agent_reach_controller.api.auth import Caller, require
+from agent_reach_controller.api.problems import V1_PROBLEMS
+from agent_reach_controller.api.tasks import PROBLEMS, Deps, TooManyInFlightError
+from agent_reach_controller.identity.policy import Action
+from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.replay import dry_run, timeline
+from agent_reach_controller.state.tasks import SubmitInput, TaskNotFoundError
+
+router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
+
+
+@router.get(
+    "/{task_id}/replay",
+    response_model=schemas.ReplayOut,
+    responses=PROBLEMS,
+    summary="The task's timeline, and a dry run of its plan on the recorded results",
+)
+async def replay(task_id: str, deps: Deps, who: Caller) -> schemas.ReplayOut:
+    view = await deps.tasks.get(task_id)
+    if view.task.tenant != who.tenant:
+        raise TaskNotFoundError(task_id)
+    events = await deps.tasks.events(task_id, limit=5000)
+    await deps.registry.ensure((s.tool, s.tool_version) for s in view.steps)
+    replayed = dry_run(
+        view.task,
+        view.steps,
+        tool_of=deps.registry.get,
+        budget=deps.settings.receipt_budget_chars,
+    )
+    return schemas.ReplayOut(
+        task_id=task_id,
+        trace_id=view.task.trace_id,
+        request=view.task.request,
+        timeline=[
+            schemas.MomentOut.model_validate(m, from_attributes=True) for m in timeline(events)
+        ],
+        dry_run=schemas.DryRunOut(
+            finished=replayed.finished,
+            identical=replayed.identical,
+            steps=[
+                schemas.StepReplayOut.model_validate(s, from_attributes=True)
+                for s in replayed.steps
+            ],
+        ),
+    )
+
+
+@router.post(
+    "/{task_id}/rerun",
+    status_code=202,
+    response_model=schemas.TaskAccepted,
+    responses=PROBLEMS,
+    summary="Submit the task's request again, live, as a new task in the same trace",
+)
+async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
+    """The same plan, validated against today's catalogue and the caller's grants, run anew.
+
+    The new task joins the original's trace (its submit span is a child of the original's), so
+    both runs read side by side in a trace viewer.
+    """
+    view = await deps.tasks.get(task_id)
+    if view.task.tenant != who.tenant:
+        raise TaskNotFoundError(task_id)
+    body = view.task.request
+    await deps.registry.refresh()
+    plan = parse_plan(body, deps.catalog)
+    for tool in sorted({s.tool for s in plan.steps}):
+        require(deps, who, Action.SUBMIT, tool)
+    per_caller = deps.settings.max_tasks_in_flight_per_principal
+    if per_caller is not None:
+        in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
+        if in_flight >= per_caller:
+            raise TooManyInFlightError(who.name, in_flight, per_caller)
+    new_id = new_task_id()
+    trace_id = view.task.trace_id
+    original = telemetry.task_span_id(task_id)
+    with (
+        telemetry.span(
+            telemetry.SUBMIT,
+            trace_id=trace_id,
+            span_id=telemetry.task_span_id(new_id),
+            parent_span_id=original,
+            attributes={telemetry.TASK_ID: new_id, "agent_reach.rerun_of": task_id},
+        ),
+        deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
+    ):
+        submitted = await deps.tasks.submit(
+            SubmitInput(
+                plan=plan,
+                request=body,
+                principal=who.name,
+                tenant=who.tenant,
+                key_id=who.key_id,
+                task_id=new_id,
+                trace_id=trace_id,
+                parent_span_id=original,
+            )
+        )
+        admitted.keep = submitted.created
+    accepted = schemas.TaskAccepted(
+        task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status
+    )
+    return JSONResponse(
+        accepted.model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/v1/tasks/{submitted.task_id}"},
+    )

@@ -1,0 +1,222 @@
+"""The controller's Prometheus metrics: one registry per set of components, fed by dispatch.
+
+Dispatch calls one method per fact (a lease, applied results, settled steps, a deferral) and the
+background loop sets the gauges it reads from the database. What is observed inside a
+transaction is recorded only if that transaction reaches its commit. Names and labels are in
+`agent_reach.metrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_reach import metrics as m
+from agent_reach.errors import ErrorCode
+from agent_reach.states import StepStatus, Transition, target
+from agent_reach_controller.db.engine import before_commit
+from agent_reach_controller.state.outcomes import AttemptResult
+from agent_reach_controller.state.records import QueuedTool, StepChange, StepRow
+
+_CODES = frozenset(code.value for code in ErrorCode)
+
+
+def _outcome(transition: Transition) -> str:
+    """`retried` when the step went back to the queue, else the state it moved to."""
+    status = target(transition)
+    return m.RETRIED if status is StepStatus.READY else status.value
+
+
+def _reason(change: StepChange) -> str:
+    code = (change.values.get("error") or {}).get("code")
+    return code if code in _CODES else m.OTHER
+
+
+def _exemplar(step: StepRow) -> dict[str, str]:
+    return {m.TRACE_ID: step.trace_id}
+
+
+def _on_commit(conn: AsyncConnection, record: Callable[[], None]) -> None:
+    async def hook(_: AsyncConnection) -> None:
+        record()
+
+    before_commit(conn, hook)
+
+
+@dataclass(slots=True)
+class DispatchCounters:
+    """Plain in-process tallies of one dispatch service (tests and benchmarks read them)."""
+
+    leased: int = 0
+    results_accepted: int = 0
+    results_rejected: int = 0
+    leases_expired: int = 0
+    # Steps a rate limit sent back to the queue to wait for their bucket.
+    rate_limited: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class ControllerMetrics:
+    """Every metric one controller exports, in its own registry (several may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        self._depth = Gauge(
+            m.QUEUE_DEPTH, "Steps waiting for an executor, due or not.", [m.TOOL], registry=r
+        )
+        self._oldest = Gauge(
+            m.QUEUE_OLDEST_READY_AGE,
+            "How long the longest-waiting due step has been due (0: none).",
+            [m.TOOL],
+            registry=r,
+        )
+        self._start = Histogram(
+            m.SCHEDULE_TO_START,
+            "From when an attempt was due (ready, past its backoff, hold or rate limit) to its "
+            "lease.",
+            [m.TOOL],
+            buckets=m.LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._duration = Histogram(
+            m.STEP_DURATION,
+            "How long an attempt ran on its executor, by what became of the step.",
+            [m.TOOL, m.OUTCOME],
+            buckets=m.LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._steps = Counter(
+            m.STEPS,
+            "Attempts the controller closed, by what became of the step (retried: queued again).",
+            [m.TOOL, m.OUTCOME],
+            registry=r,
+        )
+        self._retries = Counter(
+            m.RETRIES, "Attempts queued again, by error code.", [m.TOOL, m.REASON], registry=r
+        )
+        self._rate_limited = Counter(
+            m.RATE_LIMITED,
+            "Steps a rate-limit bucket sent back to the queue until it admits them.",
+            [m.TOOL],
+            registry=r,
+        )
+        self._pauses = Counter(
+            m.TOOL_PAUSES,
+            "Times a downstream asked a whole tool to hold back (429, quota spent).",
+            [m.TOOL],
+            registry=r,
+        )
+        self._breakers = Gauge(
+            m.BREAKER_STATE,
+            "Circuit breaker of each guarded tool: 0 closed, 1 half-open, 2 open.",
+            [m.TOOL],
+            registry=r,
+        )
+        self._expired = Counter(
+            m.LEASE_EXPIRATIONS,
+            "Running steps whose executor stopped heartbeating (re-queued, failed or held).",
+            registry=r,
+        )
+        self._rejected = Counter(
+            m.RESULTS_REJECTED,
+            "Results not applied: from an older attempt or lease (stale_lease), or repeated.",
+            [m.REASON],
+            registry=r,
+        )
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def leased(self, steps: Iterable[StepRow], *, now: datetime) -> None:
+        """Schedule-to-start of attempts just handed to an executor (committed leases)."""
+        for step in steps:
+            if step.queued_at is None:
+                continue
+            due = max(step.queued_at, step.not_before or step.queued_at)
+            wait = max(0.0, (now - due).total_seconds())
+            self._start.labels(step.tool).observe(wait, exemplar=_exemplar(step))
+
+    def results(
+        self, conn: AsyncConnection, applied: Sequence[tuple[AttemptResult, StepChange]]
+    ) -> None:
+        """Attempts closed from executors' results, once their transaction commits."""
+        closed = list(applied)
+
+        def record() -> None:
+            for result, change in closed:
+                self._closed(change, result)
+
+        _on_commit(conn, record)
+
+    def settled(self, conn: AsyncConnection, changes: Sequence[StepChange]) -> None:
+        """Steps the controller moved itself (lease expiry, a timeout, a refusal), at commit."""
+        closed = list(changes)
+
+        def record() -> None:
+            for change in closed:
+                self._closed(change, None)
+
+        _on_commit(conn, record)
+
+    def _closed(self, change: StepChange, result: AttemptResult | None) -> None:
+        step, outcome = change.step, _outcome(change.transition)
+        exemplar = _exemplar(step)
+        self._steps.labels(step.tool, outcome).inc(exemplar=exemplar)
+        if outcome == m.RETRIED:
+            self._retries.labels(step.tool, _reason(change)).inc(exemplar=exemplar)
+        if result is not None and result.started_at and result.finished_at:
+            ran = max(0.0, (result.finished_at - result.started_at).total_seconds())
+            self._duration.labels(step.tool, outcome).observe(ran, exemplar=exemplar)
+
+    def rate_limited(self, conn: AsyncConnection, tools: Iterable[str]) -> None:
+        deferred = list(tools)
+
+        def record() -> None:
+            for tool in deferred:
+                self._rate_limited.labels(tool).inc()
+
+        _on_commit(conn, record)
+
+    def tool_paused(self, conn: AsyncConnection, tool: str) -> None:
+        _on_commit(conn, self._pauses.labels(tool).inc)
+
+    def rejected(self, conn: AsyncConnection, reason: str) -> None:
+        _on_commit(conn, self._rejected.labels(reason).inc)
+
+    def leases_expired(self, count: int) -> None:
+        if count:
+            self._expired.inc(count)
+
+    # -- gauges the background loop sets --------------------------------------------------------
+
+    def queue(self, queued: Sequence[QueuedTool], *, tools: Iterable[str], now: datetime) -> None:
+        """Replace the queue gauges: every catalogue tool (0 when idle) and any tool with steps."""
+        self._depth.clear()
+        self._oldest.clear()
+        for tool in tools:
+            self._depth.labels(tool).set(0)
+            self._oldest.labels(tool).set(0)
+        for q in queued:
+            self._depth.labels(q.tool).set(q.depth)
+            age = (now - q.oldest_due).total_seconds() if q.oldest_due is not None else 0.0
+            self._oldest.labels(q.tool).set(max(0.0, age))
+
+    def breakers(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Replace the breaker gauge from `DispatchService.breaker_states()`."""
+        self._breakers.clear()
+        for tool, state in states.items():
+            self._breakers.labels(tool).set(m.BREAKER_STATES.get(str(state["state"]), 0))
+
+    # -- exposition -----------------------------------------------------------------------------
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The scrape body and its content type: OpenMetrics (with exemplars) when asked for."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type

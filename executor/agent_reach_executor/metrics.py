@@ -1,0 +1,78 @@
+"""The executor's Prometheus metrics (one registry per worker) and the listener serving them.
+
+Names and labels are in `agent_reach.metrics`. The listener is prometheus_client's own small
+HTTP server on a daemon thread; it answers OpenMetrics (with exemplars) when the scraper asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.exposition import start_http_server
+
+from agent_reach import metrics as m
+from agent_reach_executor.client import Assignment, StepResult
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'HOST:PORT' → (host, port); IPv6 hosts may be bracketed, an empty host is 127.0.0.1."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class ExecutorMetrics:
+    """Slots, calls and reports of one worker, in its own registry."""
+
+    def __init__(self, *, slots: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        self._slots = Gauge(
+            m.EXECUTOR_SLOTS, "Step slots of this executor, busy or free.", [m.STATE], registry=r
+        )
+        self._calls = Histogram(
+            m.EXECUTOR_CALL_DURATION,
+            "How long a step's call through its connector took here, by outcome.",
+            [m.TOOL, m.OUTCOME],
+            buckets=m.LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._results = Counter(
+            m.EXECUTOR_RESULTS,
+            "Results reported to the controller, by whether it applied them.",
+            [m.RESULT],
+            registry=r,
+        )
+        self._total = slots
+        self.slots_busy(0)
+
+    def slots_busy(self, busy: int) -> None:
+        self._slots.labels(m.BUSY).set(busy)
+        self._slots.labels(m.FREE).set(max(0, self._total - busy))
+
+    def call_finished(self, assignment: Assignment, result: StepResult) -> None:
+        seconds = max(0.0, (result.finished_at_ms - result.started_at_ms) / 1000)
+        outcome = m.SUCCEEDED if result.succeeded else m.FAILED
+        exemplar = {m.TRACE_ID: assignment.trace_id} if assignment.trace_id else None
+        self._calls.labels(assignment.tool, outcome).observe(seconds, exemplar=exemplar)
+
+    def reported(self, *, accepted: bool) -> None:
+        self._results.labels(m.ACCEPTED if accepted else m.REJECTED).inc()
+
+
+@contextlib.contextmanager
+def serving(address: str, registry: CollectorRegistry) -> Iterator[str]:
+    """Serve `registry` at http://HOST:PORT/metrics for the life of the block; yields the bound
+    address (port 0 picks a free one)."""
+    host, port = split_address(address)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        yield f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,75 @@
+"""Prometheus vocabulary of every component: metric names, label names and values, buckets.
+
+Names are in base units (seconds) under `agent_reach_`; counters are declared without the
+`_total` the exposition adds. Labels stay low-cardinality: a tool name (bounded by the catalogue),
+an outcome, a reason (an `ErrorCode` value) or a state — never a task or step id. Alert rules and
+the dashboard in `deploy/` use only these names (a test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Controller: the queue, computed from the database by every replica's background loop.
+QUEUE_DEPTH: Final = "agent_reach_queue_depth"  # gauge {tool}: ready steps, due or not
+QUEUE_OLDEST_READY_AGE: Final = "agent_reach_queue_oldest_ready_age_seconds"  # gauge {tool}
+# Controller: dispatch.
+SCHEDULE_TO_START: Final = "agent_reach_schedule_to_start_seconds"  # histogram {tool}
+STEP_DURATION: Final = "agent_reach_step_duration_seconds"  # histogram {tool, outcome}
+STEPS: Final = "agent_reach_steps"  # counter {tool, outcome}
+RETRIES: Final = "agent_reach_retries"  # counter {tool, reason}
+RATE_LIMITED: Final = "agent_reach_rate_limited"  # counter {tool}: steps a bucket deferred
+TOOL_PAUSES: Final = "agent_reach_tool_pauses"  # counter {tool}: a downstream said slow down
+BREAKER_STATE: Final = "agent_reach_breaker_state"  # gauge {tool}: see BREAKER_STATES
+LEASE_EXPIRATIONS: Final = "agent_reach_lease_expirations"  # counter
+RESULTS_REJECTED: Final = "agent_reach_results_rejected"  # counter {reason}
+# Executor.
+EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
+EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}
+EXECUTOR_RESULTS: Final = "agent_reach_executor_results"  # counter {result}
+
+# Label names.
+TOOL: Final = "tool"
+OUTCOME: Final = "outcome"
+REASON: Final = "reason"
+STATE: Final = "state"
+RESULT: Final = "result"
+
+# The exemplar label every histogram observation carries: the task's W3C trace id.
+TRACE_ID: Final = "trace_id"
+
+# `outcome` of an attempt the controller closed: the state the step moved to, or `retried` when
+# it went back to the queue (a retry, or its tool's fallback).
+RETRIED: Final = "retried"
+# `outcome` of a call on the executor.
+SUCCEEDED: Final = "succeeded"
+FAILED: Final = "failed"
+# `reason` of a retry whose error code is not one of ours (a plugin's own code).
+OTHER: Final = "other"
+# `state` of an executor slot.
+BUSY: Final = "busy"
+FREE: Final = "free"
+# `result` of a reported result.
+ACCEPTED: Final = "accepted"
+REJECTED: Final = "rejected"
+
+# agent_reach_breaker_state values.
+BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
+
+# Latency buckets (seconds) shared by every histogram: 5 ms to 5 minutes.
+LATENCY_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)

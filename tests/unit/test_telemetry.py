@@ -1,0 +1,46 @@
+"""Span ids the event log can recompute, and log lines that carry the current span."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from agent_reach import telemetry
+from agent_reach.ids import new_trace_id
+from agent_reach.logs import JsonFormatter
+
+
+def test_derived_span_ids_are_stable_distinct_and_valid() -> None:
+    ids = {
+        telemetry.task_span_id("t1"),
+        telemetry.dispatch_span_id("t1", "s", 1),
+        telemetry.dispatch_span_id("t1", "s", 2),
+        telemetry.execute_span_id("t1", "s", 1),
+        telemetry.execute_span_id("t2", "s", 1),
+    }
+    assert len(ids) == 5
+    assert all(len(i) == 16 and int(i, 16) != 0 for i in ids)
+    assert telemetry.execute_span_id("t1", "s", 1) == telemetry.execute_span_id("t1", "s", 1)
+
+
+def test_without_an_sdk_a_span_still_carries_its_ids_into_logs() -> None:
+    trace_id = new_trace_id()
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", None, None)
+    with telemetry.span("work", trace_id=trace_id, span_id="00000000000000aa") as current:
+        assert not current.is_recording()
+        assert telemetry.traceparent_of(current) == f"00-{trace_id}-00000000000000aa-01"
+        inside = json.loads(JsonFormatter().format(record))
+    outside = json.loads(JsonFormatter().format(record))
+    assert (inside["trace_id"], inside["span_id"]) == (trace_id, "00000000000000aa")
+    assert "trace_id" not in outside
+
+
+def test_an_invalid_trace_id_makes_no_span_and_no_error() -> None:
+    with telemetry.span("work", trace_id="not-a-trace") as current:
+        assert not current.get_span_context().is_valid
+
+
+def test_tracing_stays_off_without_an_endpoint() -> None:
+    assert telemetry.configure_tracing("x", env={}) is False
+    assert telemetry.configure_tracing("x", env={"OTEL_SDK_DISABLED": "true"}) is False
+    assert not telemetry.tracing_enabled()
