@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.state.dispatch import QueueFullError
 from tests.integration.stack import api_client, components_for, ok, write_tools
 
 PLAN = {
@@ -301,3 +302,43 @@ async def test_the_queue_limit_holds_between_refreshes(sqlite_url: str, tmp_path
         for _ in range(3):
             assert (await client.post("/v1/tasks", json=twenty, headers=keyed)).status_code == 202
         assert c.dispatch.queue_depth == 20
+
+
+async def test_a_refresh_counts_submits_still_in_their_transaction(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The count a refresh reads cannot see an uncommitted submit; it must not forget it."""
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        with c.dispatch.admit(20, limit=30) as admitted:  # admitted, not committed yet
+            assert await c.dispatch.refresh_queue_depth() == 20
+            with pytest.raises(QueueFullError), c.dispatch.admit(20, limit=30):
+                pass
+            admitted.keep = False
+        assert c.dispatch.queue_depth == 0
+        assert await c.dispatch.refresh_queue_depth() == 0
+
+
+async def test_the_queue_limit_holds_while_refreshes_race_submits(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    twenty = {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(20)]}
+    async with api(postgres_url, tmp_path, max_queued_steps=100) as (client, c):
+        done = asyncio.Event()
+
+        async def refresh_all_along() -> None:
+            while not done.is_set():
+                await c.dispatch.refresh_queue_depth()
+                await asyncio.sleep(0)
+
+        refresher = asyncio.create_task(refresh_all_along())
+        try:
+            answers = await asyncio.gather(
+                *(client.post("/v1/tasks", json=twenty) for _ in range(30))
+            )
+        finally:
+            done.set()
+            await refresher
+        accepted = sum(a.status_code == 202 for a in answers)
+        assert {a.status_code for a in answers} == {202, 429}
+        assert 1 <= accepted <= 5, accepted
+        assert await c.dispatch.refresh_queue_depth() == 20 * accepted <= 100

@@ -87,6 +87,28 @@ async def test_every_v1_route_needs_a_valid_key_and_health_does_not(
                 assert (await client.get(path)).status_code == 200
 
 
+# A valid body for each route that takes one, so a 404 cannot hide behind a 422.
+TASK_ROUTE_BODIES: dict[str, dict[str, Any]] = {
+    "resolve": {"action": "failed"},
+    "approval": {"decision": "approve"},
+    "usage": {"input_tokens": 1},
+}
+
+
+def task_routes(c: Components, task_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Every (method, path, body) of the OpenAPI that names a task, filled in for `task_id`."""
+    paths = create_app(c).openapi()["paths"]
+    routes = []
+    for path, operations in paths.items():
+        if "{task_id}" not in path:
+            continue
+        filled = path.replace("{task_id}", task_id).replace("{step_id}", "s")
+        for method in operations:
+            body = TASK_ROUTE_BODIES.get(path.rsplit("/", 1)[-1], {}) if method == "post" else None
+            routes.append((method.upper(), filled, body))
+    return routes
+
+
 async def test_another_tenants_task_does_not_exist_on_any_route(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -95,19 +117,24 @@ async def test_another_tenants_task_does_not_exist_on_any_route(
             body = {"steps": [{"step_id": "s", "tool": "echo.say", "args": {}}]}
             task_id = (await alice.post("/v1/tasks", json=body)).json()["task_id"]
             assert (await alice.get(f"/v1/tasks/{task_id}")).status_code == 200
+        routes = task_routes(c, task_id)
+        assert len(routes) >= 10, routes  # every {task_id} route the API has
         async with api_client(c, tenant="globex", name="bob") as bob:
-            for method, path in (
-                ("GET", f"/v1/tasks/{task_id}"),
-                ("GET", f"/v1/tasks/{task_id}/events"),
-                ("POST", f"/v1/tasks/{task_id}/cancel"),
-                ("POST", f"/v1/tasks/{task_id}/steps/s/resolve"),
-            ):
-                response = await bob.request(method, path, json={"action": "failed"})
+            for method, path, payload in routes:
+                response = await bob.request(method, path, json=payload)
                 assert response.status_code == 404, (method, path, response.text)
-                assert response.json()["detail"] == f"no task {task_id!r}"
+                assert response.json()["detail"] == f"no task {task_id!r}", (method, path)
+            stream = await bob.get(
+                f"/v1/tasks/{task_id}/events", headers={"Accept": "text/event-stream"}
+            )
+            assert stream.status_code == 404, stream.text
             assert (await bob.get("/v1/tasks")).json()["tasks"] == []
             missing = await bob.get("/v1/tasks/01890000-0000-7000-8000-000000000000")
             assert missing.json()["detail"].startswith("no task")  # the same answer
+        async with api_client(c, tenant="acme", name="alice") as alice:
+            view = (await alice.get(f"/v1/tasks/{task_id}")).json()
+            assert view["status"] != "cancelled", view  # nothing bob sent took effect
+            assert view["usage"]["input_tokens"] == 0, view
 
 
 @pytest.mark.parametrize("role", sorted(POLICY["roles"]))

@@ -138,6 +138,10 @@ class DispatchService:
         self.counters = DispatchCounters()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
+        # Admitted but not committed yet, and kept in total: a refresh's count cannot see the
+        # first, nor those kept while it reads, so it adds them back (see refresh_queue_depth).
+        self._admitting = 0
+        self._kept = 0
 
     async def _caps(
         self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
@@ -282,20 +286,32 @@ class DispatchService:
         if self.queue_depth + steps > limit:
             raise QueueFullError(self.queue_depth, limit)
         self.queue_depth += steps
+        self._admitting += steps
         try:
             yield admission
         except BaseException:
             self.queue_depth -= steps
             raise
-        if not admission.keep:
+        finally:
+            self._admitting -= steps
+        if admission.keep:
+            self._kept += steps
+        else:
             self.queue_depth -= steps
 
     async def refresh_queue_depth(self) -> int:
-        """Count the queue for admission control, and set its gauges (one grouped query)."""
+        """Count the queue for admission control, and set its gauges (one grouped query).
+
+        The count misses submits still in their transaction and may miss those that commit
+        while it reads; both are added back, so the limit holds. One that committed before the
+        snapshot counts twice until the next refresh: admission errs on the side of refusing.
+        """
         now = datetime.now(UTC)
+        kept_before = self._kept
         async with self._db.transaction() as conn:
             queued = await store.queue_by_tool(conn, now=now)
-        self.queue_depth = sum(q.depth for q in queued)
+        counted = sum(q.depth for q in queued)
+        self.queue_depth = counted + self._admitting + (self._kept - kept_before)
         self.metrics.queue(queued, tools=self._registry.catalog, now=now)
         return self.queue_depth
 
