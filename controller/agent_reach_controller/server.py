@@ -72,6 +72,7 @@ async def running_controller(
         lifespan="off",
         loop="none",
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=settings.http_keep_alive_seconds,
     )
     http_server = _Server(config)
     http_task = asyncio.create_task(http_server.serve(sockets=[http_sock]), name="http")

@@ -57,6 +57,13 @@ class ControllerSettings(BaseSettings):
         15.0, gt=0, description="A comment line after this much silence keeps proxies from closing"
     )
     max_body_bytes: int = Field(1024 * 1024, gt=0)
+    http_keep_alive_seconds: int = Field(
+        75,
+        ge=1,
+        description="Close an idle HTTP connection after this long: longer than clients and "
+        "load balancers keep theirs, so that they, never the server, close it (else a request "
+        "sent as the server closes is lost)",
+    )
     receipt_budget_chars: int = Field(2000, ge=200)
     max_queued_steps: int | None = Field(
         None, ge=1, description="Refuse submits (429) while more steps than this wait"

@@ -6,7 +6,8 @@ AGENT_REACH_BENCH_PROFILER picks the profiler:
   process CPU time. Inclusive figures are trustworthy under asyncio, and SQLAlchemy's greenlets
   are followed back to the coroutine that started them; the overhead is small. Samples taken
   while the main thread waits in the selector are CPU used by other threads (gRPC's). SQL
-  statements sent through SQLAlchemy are counted by verb and table too. Writes OUT as JSON.
+  statements sent through SQLAlchemy are counted by verb and table too (and by the function of
+  ours that sent them with AGENT_REACH_BENCH_SQL_CALLERS=1). Writes OUT as JSON.
 - `cprofile`: cProfile timed by the main thread's CPU clock (`time.thread_time`); exact call
   counts and own times, but cumulative times are wrong across coroutines and greenlets.
   Writes OUT in pstats format.
@@ -99,8 +100,9 @@ class SqlCounter:
 
     SHAPE = re.compile(r"^\s*(INSERT INTO|UPDATE|DELETE FROM|SELECT\b.*?\bFROM|\w+)\s*(\w*)", re.S)
 
-    def __init__(self) -> None:
+    def __init__(self, *, callers: bool = False) -> None:
         self.counts: Counter[str] = Counter()
+        self.callers = callers  # also name the function of ours that sent each statement
 
     def start(self) -> None:
         """Listen on every engine, if this process uses SQLAlchemy at all (the controller)."""
@@ -117,10 +119,24 @@ class SqlCounter:
         verb, table = (match.group(1), match.group(2)) if match else (sql[:20], "")
         if verb.upper().startswith("SELECT"):
             verb = "SELECT"
-        self.counts[f"{verb.upper()} {table}".strip()] += 1
+        self.counts[f"{verb.upper()} {table}".strip() + self._caller()] += 1
 
     def _commit(self, conn: Any) -> None:
-        self.counts["COMMIT"] += 1
+        self.counts["COMMIT" + self._caller()] += 1
+
+    def _caller(self) -> str:
+        if not self.callers:
+            return ""
+        import greenlet
+
+        names: list[str] = []
+        _chain(sys._getframe(2), names)
+        current = greenlet.getcurrent()
+        while current.parent is not None:
+            current = current.parent
+            _chain(current.gr_frame, names)
+        ours = [n for n in names if "agent_reach_controller/" in n and "/db/engine.py" not in n]
+        return f" <- {ours[0].rsplit('/', 1)[-1]}" if ours else ""
 
 
 def main() -> int:
@@ -134,7 +150,8 @@ def main() -> int:
         finally:
             profiler.disable()
             profiler.dump_stats(out)
-    sampler, sql = Sampler(), SqlCounter()
+    sampler = Sampler()
+    sql = SqlCounter(callers=os.environ.get("AGENT_REACH_BENCH_SQL_CALLERS") == "1")
 
     def start(signum: int, frame: FrameType | None) -> None:
         del signum, frame

@@ -6,7 +6,8 @@ gives, per process: where the main thread's busy time goes by area (the package 
 innermost frame), and our functions by inclusive share of busy time. The sampler's overhead is
 small but not nil, and cProfile's is large (2-4x), so the rate printed here is not a benchmark
 figure: use `make bench` for those. Sizes as in `tests.bench.run`; AGENT_REACH_BENCH_PROFILE_TOP
-sets the number of rows (25).
+sets the number of rows (25); AGENT_REACH_BENCH_PROFILE_SCENARIO=latency profiles the open-loop
+single-step submits instead of the throughput run.
 """
 
 from __future__ import annotations
@@ -23,8 +24,15 @@ from collections import Counter
 from pathlib import Path
 
 from tests.bench.machine import REPO
-from tests.bench.run import config_from_env, describe_throughput, say
-from tests.bench.scenarios import BenchError, Stack, running_stack, throughput, write_tools
+from tests.bench.run import config_from_env, describe_latency, describe_throughput, say
+from tests.bench.scenarios import (
+    BenchError,
+    Stack,
+    latency,
+    running_stack,
+    throughput,
+    write_tools,
+)
 from tests.e2e.processes import Cluster, Proc
 
 # Frames of the process's own scaffolding: on every stack, so not informative.
@@ -120,7 +128,7 @@ def report_samples(name: str, path: Path, top: int, *, steps: int) -> None:
         say(f"  {100 * n / busy:5.1f}%  {frame}")
     sql: dict[str, int] = data.get("sql") or {}
     if sql:
-        statements = sum(n for kind, n in sql.items() if kind != "COMMIT")
+        statements = sum(n for kind, n in sql.items() if not kind.startswith("COMMIT"))
         say(f"-- SQL through SQLAlchemy: {statements / steps:.2f} statements per step")
         for kind, n in sorted(sql.items(), key=lambda kv: -kv[1]):
             say(f"  {n / steps:6.3f}/step  {n:8,}  {kind}")
@@ -159,6 +167,10 @@ def report(name: str, path: Path, top: int, *, steps: int) -> None:
 def main() -> int:
     config = config_from_env()
     top = int(os.environ.get("AGENT_REACH_BENCH_PROFILE_TOP", "25"))
+    scenario = os.environ.get("AGENT_REACH_BENCH_PROFILE_SCENARIO", "throughput")
+    if scenario not in ("throughput", "latency"):
+        say(f"AGENT_REACH_BENCH_PROFILE_SCENARIO is throughput or latency, not {scenario!r}")
+        return 2
     with tempfile.TemporaryDirectory(prefix="reach-profile-") as tmp:
         workdir = Path(tmp)
         tools = write_tools(workdir)
@@ -167,13 +179,18 @@ def main() -> int:
             with running_stack(
                 config, run, tools, make_cluster=ProfiledCluster, on_measure=start_profiling
             ) as stack:
-                result = asyncio.run(throughput(stack, config))
+                if scenario == "latency":
+                    timed = asyncio.run(latency(stack, config))
+                    described, steps = describe_latency(timed), timed.sent
+                else:
+                    result = asyncio.run(throughput(stack, config))
+                    described, steps = describe_throughput(result), result.steps
         except BenchError as exc:
             say(f"profile run failed: {exc}")
             return 1
-        say(f"profiled run (not a benchmark figure): {describe_throughput(result)}")
+        say(f"profiled {scenario} run (not a benchmark figure): {described}")
         for name in ("controller", "executor"):
-            report(name, run / f"{name}.prof", top, steps=result.steps)
+            report(name, run / f"{name}.prof", top, steps=steps)
     return 0
 
 

@@ -136,6 +136,32 @@ async def test_disabling_in_one_replica_stops_the_next_claim_in_another(
         assert not two.catalog["mail.send"].enabled
 
 
+async def test_a_submit_to_a_replica_with_a_stale_catalogue_is_checked_against_the_new_one(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, MAIL])
+    strict = {**MAIL, "input_schema": {**MAIL["input_schema"], "required": ["to", "subject"]}}
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+        api_client(one) as first,
+        api_client(two) as second,
+    ):
+        changed = await first.put("/v1/tools/mail.send", json=strict)
+        assert changed.status_code == 200, changed.text
+        stale = two.registry.revision
+        assert stale < one.registry.revision  # replica two has not looked yet
+        refused = await second.post("/v1/tasks", json=plan())  # valid only for the old version
+        assert refused.status_code == 422, refused.text
+        assert [e["pointer"] for e in refused.json()["errors"]] == ["/steps/0/args"]
+        assert two.registry.revision == one.registry.revision
+        ok = await second.post("/v1/tasks", json=plan(to="ann", subject="hi"))
+        assert ok.status_code == 202, ok.text
+        view = await two.tasks.get(ok.json()["task_id"])
+        assert view.steps[0].tool_version == one.catalog["mail.send"].version
+        assert len((await second.get("/v1/tasks")).json()["tasks"]) == 1  # nothing else stored
+
+
 async def test_a_deleted_tool_ends_its_queued_steps_and_its_versions_stay(
     database_url: str, tmp_path: Path
 ) -> None:

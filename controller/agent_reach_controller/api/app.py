@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from agent_reach_controller.api import replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
@@ -249,7 +250,17 @@ def _install_fallback_handlers(app: FastAPI) -> None:
             500, code="internal", title="Internal error", detail="the error was logged"
         )
 
+    async def client_gone(_: Request, exc: Exception) -> Response:
+        # The caller hung up while its request was read: nobody to answer, nothing went wrong
+        # here (a submit whose body never arrived stored nothing).
+        log.info(
+            "the client disconnected before its request was read",
+            extra={"event": "api_client_gone"},
+        )
+        return Response(status_code=499)
+
     app.add_exception_handler(Exception, internal)
+    app.add_exception_handler(ClientDisconnect, client_gone)
     for lost in STORAGE_DOWN:
         app.add_exception_handler(lost, storage_down)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -17,12 +18,13 @@ from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, p
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
-from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.records import EventRow
 from agent_reach_controller.state.tasks import (
     ApprovalInput,
+    CatalogChangedError,
     ResolveInput,
     SubmitInput,
     TaskNotFoundError,
@@ -61,6 +63,16 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": schemas.TaskOut, "description": "The task ended within ?wait"},
     **PROBLEMS,
 }
+
+
+def _validate(deps: Components, who: Principal, body: Any) -> tuple[Plan, int]:
+    """The plan checked against the catalogue this replica holds (the store checks that it is
+    still current), and that catalogue's revision; PlanInvalidError → 422, every problem."""
+    revision = deps.registry.revision
+    plan = parse_plan(body, deps.catalog)
+    for tool in sorted({s.tool for s in plan.steps}):
+        require(deps, who, Action.SUBMIT, tool)
+    return plan, revision
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -145,10 +157,7 @@ async def submit_task(
     ) as current:
         with telemetry.span(telemetry.VALIDATE, trace_id=trace_id, parent_span_id=root):
             body = await _read_json(request, deps.settings.max_body_bytes)
-            await deps.registry.refresh()  # validate against the catalogue as it is now
-            plan = parse_plan(body, deps.catalog)  # PlanInvalidError → 422, every problem
-            for tool in sorted({s.tool for s in plan.steps}):
-                require(deps, who, Action.SUBMIT, tool)
+            plan, revision = _validate(deps, who, body)
             per_caller = deps.settings.max_tasks_in_flight_per_principal
             if per_caller is not None:
                 in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
@@ -159,19 +168,26 @@ async def submit_task(
             telemetry.span(telemetry.STORE, trace_id=trace_id, parent_span_id=root),
             deps.dispatch.admit(len(plan.steps), limit=limit) as admitted,
         ):
-            submitted = await deps.tasks.submit(
-                SubmitInput(
-                    plan=plan,
-                    request=body,
-                    idempotency_key=idempotency_key,
-                    principal=who.name,
-                    tenant=who.tenant,
-                    key_id=who.key_id,
-                    task_id=task_id,
-                    trace_id=trace_id,
-                    parent_span_id=parent[1] if parent else None,
-                )
+            submit = SubmitInput(
+                plan=plan,
+                request=body,
+                idempotency_key=idempotency_key,
+                principal=who.name,
+                tenant=who.tenant,
+                key_id=who.key_id,
+                task_id=task_id,
+                trace_id=trace_id,
+                parent_span_id=parent[1] if parent else None,
+                catalog_revision=revision,
             )
+            try:
+                submitted = await deps.tasks.submit(submit)
+            except CatalogChangedError:  # another replica changed a tool: validate again
+                await deps.registry.refresh()
+                plan, _ = _validate(deps, who, body)  # the same body: the same number of steps
+                submitted = await deps.tasks.submit(
+                    replace(submit, plan=plan, catalog_revision=None)
+                )
             admitted.keep = submitted.created
         current.set_attribute(telemetry.TASK_ID, submitted.task_id)
         current.set_attribute("agent_reach.steps", len(plan.steps))

@@ -27,7 +27,7 @@ from agent_reach.states import (
 from agent_reach_controller import audit
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.planning.plan import Plan, validate_resolved_args
-from agent_reach_controller.state import approvals, store, webhooks
+from agent_reach_controller.state import approvals, store, tool_store, webhooks
 from agent_reach_controller.state.advance import AdvanceInput, budget_for, decide_unblocks
 from agent_reach_controller.state.caps import task_usage
 from agent_reach_controller.state.notifier import Notifier, Wake, task_key
@@ -103,6 +103,10 @@ class ResolveInput:
     tenant: str | None = None
 
 
+class CatalogChangedError(Exception):
+    """The tool catalogue changed after the plan was validated: validate again."""
+
+
 class IdempotencyConflictError(Exception):
     """The Idempotency-Key was already used with a different request body."""
 
@@ -122,6 +126,9 @@ class SubmitInput:
     trace_id: str | None = None
     parent_span_id: str | None = None
     task_id: str | None = None  # chosen by the caller (the API names its spans after it)
+    # The catalogue revision the plan was validated against: if another replica changed the
+    # catalogue since, the submit stores nothing and raises CatalogChangedError.
+    catalog_revision: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +209,9 @@ class TaskService:
                         status=existing.task.status,
                         created=False,
                     )
+            expected = data.catalog_revision
+            if expected is not None and await tool_store.revision(conn) != expected:
+                raise CatalogChangedError
             trace_id = data.trace_id or new_trace_id()
             row = _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
             await store.insert_task(conn, row)

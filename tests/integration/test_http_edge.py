@@ -1,0 +1,47 @@
+"""The HTTP edge of a running controller (real uvicorn on 127.0.0.1): a client that hangs up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from agent_reach_controller.server import running_controller
+from agent_reach_controller.settings import ControllerSettings
+from tests.executor.test_worker import wait_until
+from tests.integration.stack import key_for, write_tools
+
+
+async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
+    sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ControllerSettings(
+        database_url=sqlite_url,
+        tools=[write_tools(tmp_path)],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+    )
+    caplog.set_level(logging.INFO)
+    async with running_controller(settings) as (c, bound):
+        [auth] = (await key_for(c)).values()
+        host, port = bound.http.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/tasks HTTP/1.1\r\nHost: reach\r\nContent-Type: application/json\r\n"
+            + f"Authorization: {auth}\r\nContent-Length: 4000\r\n\r\n".encode()
+            + b'{"steps": [{"step_id": "s", '
+        )
+        await writer.drain()
+        writer.close()  # gone before the rest of the body
+        await writer.wait_closed()
+
+        def events() -> set[str]:
+            return {getattr(r, "event", "") for r in caplog.records}
+
+        await wait_until(lambda: "api_client_gone" in events(), within=10)
+        assert "api_error" not in events()
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert await c.tasks.list_tasks(tenant="default") == []  # nothing stored
+        del reader
