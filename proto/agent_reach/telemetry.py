@@ -21,6 +21,7 @@ import hashlib
 import os
 import random
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -134,7 +135,11 @@ def configure_tracing(service_name: str, *, env: Mapping[str, str] | None = None
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    facts = {"service.name": env.get("OTEL_SERVICE_NAME", service_name)}
+    if "service.instance.id" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        # Which process ran a span: attempts of one step on two executors look different.
+        facts["service.instance.id"] = f"{socket.gethostname()}-{os.getpid()}"
+    resource = Resource.create(facts)
     provider = TracerProvider(resource=resource, id_generator=_ChosenIds())  # type: ignore[arg-type]
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)

@@ -1,5 +1,6 @@
 """One task, one trace: a real OTLP receiver gets the whole tree from the submit request down to
-the downstream HTTP call, across a retry on the executor, and the downstream saw the header."""
+the downstream HTTP call, across a retry that runs later on another executor, and the downstream
+saw the header."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
 ) -> None:
     caller_trace, caller_span = new_trace_id(), new_span_id()
     with OtlpReceiver() as otlp, Sink() as sink:
-        # The first attempt meets a 503, the second succeeds: two attempts, one trace.
-        sink.script("/ledger", [Response(status=503, retry_after=0), Response(json={"ok": 1})])
+        # The first attempt meets a 503 and runs on one executor, which then stops; the retry
+        # runs seconds later on another one: two attempts, two processes, one trace.
+        sink.script("/ledger", [Response(status=503, retry_after=2), Response(json={"ok": 1})])
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         with cluster(tmp_path, env=env) as c:
             ctl = c.controller(
@@ -36,7 +38,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
                 tools=sink_tools(tmp_path, sink.url),
                 extra=["--migrate"],
             )
-            c.executor("executor", controller=ctl, slots=2)
+            first = c.executor("first", controller=ctl, slots=2)
             with api(ctl) as client:
                 answer = client.post(
                     "/v1/tasks",
@@ -46,6 +48,9 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
                 assert answer.status_code == 202, answer.text
                 task_id = answer.json()["task_id"]
                 assert answer.json()["trace_id"] == caller_trace  # the caller's trace goes on
+                wait_until(lambda: sink.requests("/ledger"), within=30, what="the first attempt")
+                assert first.terminate() == 0  # drains: its report and spans go out first
+                c.executor("second", controller=ctl, slots=2)
                 (task,) = wait_until(
                     lambda: all_terminal(client, [task_id]), within=30, what="the task"
                 )
@@ -81,6 +86,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
         (child,) = [s for s in spans if s.name == name]
         assert child.parent_span_id == root.span_id
 
+    instances = set()
     for attempt in (1, 2):
         dispatch = by_id[telemetry.dispatch_span_id(task_id, "e0", attempt)]
         assert (dispatch.name, dispatch.kind) == (f"dispatch_step {TOOL}", "producer")
@@ -89,6 +95,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
         execute = by_id[telemetry.execute_span_id(task_id, "e0", attempt)]
         assert execute.parent_span_id == dispatch.span_id
         assert execute.service == "agent-reach-executor"
+        instances.add(execute.instance)
         assert execute.attributes | {telemetry.TASK_ID: None} == {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": TOOL,
@@ -107,6 +114,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
         # The downstream saw this very span as its parent.
         delivery = deliveries[attempt - 1]
         assert parse_traceparent(delivery.traceparent) == (caller_trace, call.span_id)
+    assert len(instances) == 2, "each attempt ran in its own executor process"
     # Every span of the task is in one tree under the request (nothing dangling).
     for s in spans:
         if s.span_id != request.span_id:

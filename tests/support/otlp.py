@@ -38,6 +38,7 @@ class ReceivedSpan:
     end_ns: int
     status_code: int  # 0 unset, 1 ok, 2 error
     attributes: dict[str, Any] = field(default_factory=dict)
+    instance: str = ""  # the resource's service.instance.id: which process sent it
 
 
 def _value(value: AnyValue) -> Any:
@@ -67,6 +68,7 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         end_ns=span.end_time_unix_nano,
                         status_code=span.status.code,
                         attributes={a.key: _value(a.value) for a in span.attributes},
+                        instance=str(resource.get("service.instance.id", "")),
                     )
                 )
     return found
