@@ -71,6 +71,8 @@ log_context: contextvars.ContextVar[tuple[str, str] | None] = contextvars.Contex
     "agent_reach_log_context", default=None
 )
 _state = {"enabled": False}
+# The installed provider's sampler, asked once per span that continues a stored parent.
+_sampler: list[Any] = []
 
 
 def derived_span_id(*parts: object) -> str:
@@ -143,6 +145,7 @@ def configure_tracing(service_name: str, *, env: Mapping[str, str] | None = None
     provider = TracerProvider(resource=resource, id_generator=_ChosenIds())  # type: ignore[arg-type]
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    _sampler[:] = [provider.sampler]
     _state["enabled"] = True
     return True
 
@@ -159,13 +162,29 @@ def remote_parent(trace_id: str, span_id: str | None) -> Any:
     """An OpenTelemetry context whose current span is (trace_id, span_id) from elsewhere."""
     if not span_id:
         return None
+    trace_int = int(trace_id, 16)
+    sampled = TraceFlags.SAMPLED if sampled_trace(trace_int) else TraceFlags.DEFAULT
     parent = SpanContext(
-        trace_id=int(trace_id, 16),
+        trace_id=trace_int,
         span_id=int(span_id, 16),
         is_remote=True,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_flags=TraceFlags(sampled),
     )
     return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+def sampled_trace(trace_id: int) -> bool:
+    """Whether the configured sampler keeps trace `trace_id`, asked as for a root span.
+
+    A stored parent (the task's span, an attempt's dispatch) carries no sampled flag, and the
+    spans continuing it run later in other processes; the ratio samplers of `OTEL_TRACES_SAMPLER`
+    decide from the trace id alone, so asking the sampler here gives every process the same
+    answer and a task's spans are kept or dropped together.
+    """
+    if not _sampler:
+        return True
+    decision = _sampler[0].should_sample(otel_context.Context(), trace_id, "agent-reach")
+    return bool(decision.decision.is_sampled())
 
 
 def current_ids() -> tuple[str, str] | None:

@@ -7,12 +7,14 @@ innermost frame), and our functions by inclusive share of busy time. The sampler
 small but not nil, and cProfile's is large (2-4x), so the rate printed here is not a benchmark
 figure: use `make bench` for those. Sizes as in `tests.bench.run`; AGENT_REACH_BENCH_PROFILE_TOP
 sets the number of rows (25); AGENT_REACH_BENCH_PROFILE_SCENARIO=latency profiles the open-loop
-single-step submits instead of the throughput run.
+single-step submits instead of the throughput run; AGENT_REACH_BENCH_TRACING=1 exports every
+span, as in `make bench`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pstats
@@ -34,6 +36,7 @@ from tests.bench.scenarios import (
     write_tools,
 )
 from tests.e2e.processes import Cluster, Proc
+from tests.support.otlp import OtlpReceiver
 
 # Frames of the process's own scaffolding: on every stack, so not informative.
 SCAFFOLDING = ("tests/bench/profiled.py", "agent_reach_cli/", "agent_reach_executor/__main__.py")
@@ -171,7 +174,12 @@ def main() -> int:
     if scenario not in ("throughput", "latency"):
         say(f"AGENT_REACH_BENCH_PROFILE_SCENARIO is throughput or latency, not {scenario!r}")
         return 2
-    with tempfile.TemporaryDirectory(prefix="reach-profile-") as tmp:
+    with (
+        contextlib.ExitStack() as scope,
+        tempfile.TemporaryDirectory(prefix="reach-profile-") as tmp,
+    ):
+        if os.environ.get("AGENT_REACH_BENCH_TRACING") == "1":  # as in tests.bench.run
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = scope.enter_context(OtlpReceiver()).url
         workdir = Path(tmp)
         tools = write_tools(workdir)
         run = workdir / "run"

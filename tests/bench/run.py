@@ -5,7 +5,8 @@ Sizes: AGENT_REACH_BENCH_STEPS (default 10000), AGENT_REACH_BENCH_REPEATS (3),
 AGENT_REACH_BENCH_SLOTS (executor slots, 64), AGENT_REACH_BENCH_SUBMITTERS (4),
 AGENT_REACH_BENCH_RATE (latency test, steps/s: 100), AGENT_REACH_BENCH_LATENCY_SECONDS (10),
 AGENT_REACH_BENCH_POSTGRES (admin URL), AGENT_REACH_BENCH_TRACING=1 (export every span over
-OTLP to a receiver in this process, to measure what tracing costs).
+OTLP to a receiver in this process, to measure what tracing costs; OTEL_TRACES_SAMPLER and
+OTEL_TRACES_SAMPLER_ARG pass through to the processes).
 """
 
 from __future__ import annotations
@@ -234,7 +235,10 @@ def main() -> int:
             # Tracing on: every process exports each span over OTLP/HTTP to a real receiver.
             receiver = stack.enter_context(OtlpReceiver())
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
-            say(f"tracing   on: OTLP/HTTP to a receiver at {receiver.url}", "")
+            sampler = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+            if "ratio" in sampler:
+                sampler += f" {os.environ.get('OTEL_TRACES_SAMPLER_ARG', '1.0')}"
+            say(f"tracing   on: OTLP/HTTP to a receiver at {receiver.url}; sampler {sampler}", "")
         else:
             os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
             os.environ.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)

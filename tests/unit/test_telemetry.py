@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from agent_reach import telemetry
 from agent_reach.ids import new_trace_id
 from agent_reach.logs import JsonFormatter
+from tests.support.otlp import OtlpReceiver
 
 
 def test_derived_span_ids_are_stable_distinct_and_valid() -> None:
@@ -44,3 +49,45 @@ def test_tracing_stays_off_without_an_endpoint() -> None:
     assert telemetry.configure_tracing("x", env={}) is False
     assert telemetry.configure_tracing("x", env={"OTEL_SDK_DISABLED": "true"}) is False
     assert not telemetry.tracing_enabled()
+
+
+# A process that traces TRACES tasks: each a root span and, as a later process would, a span
+# continuing a stored parent (the task's derived span id).
+SAMPLED_PROCESS = """
+import sys
+from agent_reach import telemetry
+from agent_reach.ids import new_trace_id
+assert telemetry.configure_tracing("sampling-test")
+for _ in range(int(sys.argv[1])):
+    trace_id = new_trace_id()
+    root = telemetry.task_span_id(trace_id)
+    with telemetry.span("submit_task", trace_id=trace_id, span_id=root):
+        pass
+    with telemetry.span("dispatch_step", trace_id=trace_id, parent_span_id=root):
+        pass
+telemetry.flush_tracing()
+"""
+
+
+def test_a_ratio_sampler_keeps_or_drops_a_tasks_spans_together(tmp_path: Path) -> None:
+    traces = 200
+    with OtlpReceiver() as otlp:
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.5",
+        }
+        subprocess.run(
+            [sys.executable, "-c", SAMPLED_PROCESS, str(traces)],
+            env=env,
+            check=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        spans = otlp.spans()
+    names: dict[str, set[str]] = {}
+    for s in spans:
+        names.setdefault(s.trace_id, set()).add(s.name)
+    assert 0 < len(names) < traces, len(names)  # the sampler did drop some, and kept some
+    assert all(kept == {"submit_task", "dispatch_step"} for kept in names.values()), names
