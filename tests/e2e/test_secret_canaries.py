@@ -11,9 +11,10 @@ ignores it, so the DSN still works), and a wrong key is offered to see it is not
 
 Afterwards every canary, in every spelling (raw, URL-encoded, base64, JSON-escaped), is looked
 for in every file the processes wrote (JSON logs), every API response body (tasks, steps and
-receipts, events, task lists, the tool catalogue in all three formats, breakers, errors), the
-`tool_messages` of an OpenAI-style tool_calls submit and every row of every table of the
-database. None may be found. The Sink's recorded requests, and only they, must carry the HTTP
+receipts, full step outputs, events, Jaeger traces, replays, task lists, the tool catalogue in
+all three formats, breakers, errors), the `tool_messages` of an OpenAI-style tool_calls submit,
+every row of every table of the database and, in the cluster, every span both processes exported
+over OTLP. None may be found. The Sink's recorded requests, and only they, must carry the HTTP
 canaries: that proves the canaries really were used.
 """
 
@@ -28,7 +29,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -39,6 +40,7 @@ import pytest
 import yaml
 
 from tests.e2e.processes import Cluster, Proc, all_terminal, cluster, wait_until
+from tests.support.otlp import OtlpReceiver
 from tests.support.sink import Delivery, Response, Sink
 
 pytestmark = pytest.mark.e2e
@@ -312,8 +314,12 @@ def exercise(proc: Proc, secrets: Canaries, seen: Seen) -> Run:
             for step in task["steps"]:
                 assert step["receipt"] is not None, step
                 seen.add(f"receipt {task_id}/{step['step_id']}", json.dumps(step))
+                output = client.get(f"/v1/tasks/{task_id}/steps/{step['step_id']}/output")
+                seen.record("step output", output)
             tasks.append(task)
             seen.record("events", client.get(f"/v1/tasks/{task_id}/events"))
+            assert seen.record("jaeger trace", client.get(f"/v1/tasks/{task_id}/trace")).is_success
+            assert seen.record("replay", client.get(f"/v1/tasks/{task_id}/replay")).is_success
         seen.record("task list", client.get("/v1/tasks"))
         for fmt in ("native", "openai", "anthropic"):
             listed = seen.record(f"tools {fmt}", client.get("/v1/tools", params={"format": fmt}))
@@ -394,7 +400,8 @@ def check(
         f" spellings) searched in {len(seen.places)} places "
         f"({sum(len(t) for _, t in seen.places):,} chars: {kinds['file']} process files, "
         f"{kinds['api']} API responses, {kinds['receipt']} steps with receipts, "
-        f"{kinds['tool_message']} tool messages, {kinds['db']} database rows): "
+        f"{kinds['tool_message']} tool messages, {kinds['db']} database rows, "
+        f"{kinds['trace']} exported spans): "
         f"0 occurrences outside the sink; the sink got every HTTP canary it should in each of "
         f"{len(deliveries)} requests"
     )
@@ -408,10 +415,12 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
     if secrets.db_password is not None:
         database_url = with_password(postgres_url, secrets.db_password)
     seen = Seen()
-    with Sink() as sink:
+    with Sink() as sink, OtlpReceiver() as otlp:
         script_sink(sink, secrets)
         tools = tools_file(tmp_path, sink.url, closed_port())
         with cluster(tmp_path) as c:
+            # Both processes export every span, to be searched too.
+            c.env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
             # The controller: a canary admin key and DB password; no HTTP canary at all.
             c.env["AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY"] = secrets.admin_key
             c.env["AGENT_REACH_API_KEY"] = secrets.admin_key
@@ -431,8 +440,12 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
             c.env.update(secrets.executor_env())
             c.executor("executor", controller=ctl, slots=8)
             run = exercise(ctl, secrets, seen)
-            stop(c)  # every process flushes its logs before they are read
+            stop(c)  # every process flushes its logs and spans before they are read
         deliveries = sink.requests()
+        spans = otlp.spans()
+    assert any(s.name.startswith("execute_tool") for s in spans), "no executor span arrived"
+    for span in spans:
+        seen.add(f"trace {span.service} {span.name}", json.dumps(asdict(span)))
     for table, row in postgres_rows(postgres_url):
         seen.add(f"db {table}", row)
     summary = check(run, secrets, seen, deliveries, tmp_path)
