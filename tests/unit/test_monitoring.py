@@ -1,5 +1,5 @@
-"""deploy/'s alert rules, their tests, the Prometheus config and the Grafana dashboard: valid for
-promtool, and naming only metrics the code exports."""
+"""deploy/'s alert and autoscaling rules, their tests, the Prometheus config and the Grafana
+dashboard: valid for promtool, and naming only metrics the code exports."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from agent_reach_executor.metrics import ExecutorMetrics
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
+AUTOSCALING = PROMETHEUS / "autoscaling.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "agent-reach.json"
 OURS = re.compile(r"\bagent_reach_[a-z0-9_]+")
 SUFFIXES = {
@@ -63,6 +64,19 @@ def test_the_alert_rules_pass_their_unit_tests(promtool: str) -> None:
     promtool_ok(promtool, "test", "rules", str(PROMETHEUS / "alerts_test.yml"))
 
 
+def test_the_autoscaling_rules_are_valid_and_compute_what_they_say(promtool: str) -> None:
+    assert "SUCCESS: 4 rules found" in promtool_ok(promtool, "check", "rules", str(AUTOSCALING))
+    promtool_ok(promtool, "test", "rules", str(PROMETHEUS / "autoscaling_test.yml"))
+
+
+def test_every_autoscaling_signal_is_tested() -> None:
+    groups = yaml.safe_load(AUTOSCALING.read_text())["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"]}
+    tests = yaml.safe_load((PROMETHEUS / "autoscaling_test.yml").read_text())["tests"]
+    checked = {case["expr"] for test in tests for case in test.get("promql_expr_test", ())}
+    assert recorded <= checked
+
+
 def test_every_alert_is_unit_tested_firing() -> None:
     tests = yaml.safe_load((PROMETHEUS / "alerts_test.yml").read_text())["tests"]
     fired = {
@@ -99,6 +113,8 @@ def test_deploy_names_only_metrics_the_code_exports() -> None:
         for where, text in [
             ("alerts.yml", ALERTS.read_text()),
             ("alerts_test.yml", (PROMETHEUS / "alerts_test.yml").read_text()),
+            ("autoscaling.yml", AUTOSCALING.read_text()),
+            ("autoscaling_test.yml", (PROMETHEUS / "autoscaling_test.yml").read_text()),
             *((f"dashboard panel {title!r}", expr) for title, expr in dashboard_queries()),
         ]
         for name in OURS.findall(text)
