@@ -22,12 +22,10 @@ name too: a connection verified for one name is never reused for another on the 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
 import ipaddress
 import itertools
 import json
-import math
 import os
 import re
 import socket
@@ -55,6 +53,7 @@ from agent_reach_connectors.base import (
     ToolCall,
     resolve_secrets,
 )
+from agent_reach_connectors.throttling import parse_retry_after, quota_reset
 
 MAX_TEXT = 64 * 1024
 # The most of an answer's body the connector reads (after decompression); a larger answer is a
@@ -63,7 +62,6 @@ MAX_BODY = 10 * 1024 * 1024
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BODY_MODES = frozenset({"auto", "none", "json"})
-_SECONDS = re.compile(r"\d+(\.\d+)?")
 # 5xx answers that say "this server will never do that": retrying cannot help.
 _PERMANENT_5XX = frozenset({501, 505})
 _CONNECT_TIMEOUT_CAP = 10.0
@@ -108,54 +106,6 @@ class SystemResolver:
                 self._answers.pop(next(iter(self._answers)))
             self._answers[host] = (now + self._ttl, answers)
         return answers
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date); None if unusable."""
-    if not value:
-        return None
-    value = value.strip()
-    if _SECONDS.fullmatch(value):
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None or when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-# Unix times are this large; smaller reset values are seconds from now (both are in use).
-_EPOCH_MIN = 1_000_000_000
-_FIELD = {"r": "r", "remaining": "r", "t": "t", "reset": "t"}
-_STRUCTURED = re.compile(r"(?:^|[;,\s])(r|t|remaining|reset)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-
-
-def quota_reset(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds until the downstream's quota refills, when it says the quota is spent now.
-
-    Reads `X-RateLimit-Remaining`/`X-RateLimit-Reset` (GitHub, Twitter and many others),
-    `RateLimit-Remaining`/`RateLimit-Reset` and the IETF draft's `RateLimit: ...;r=0;t=30`.
-    A reset is seconds from now, or a Unix time when it is that large. None when the quota is
-    not spent or the answer does not say when it refills.
-    """
-    lowered = {k.lower(): v for k, v in headers.items()}
-    remaining = lowered.get("x-ratelimit-remaining", lowered.get("ratelimit-remaining"))
-    reset = lowered.get("x-ratelimit-reset", lowered.get("ratelimit-reset"))
-    if "ratelimit" in lowered:
-        fields = {_FIELD[k.lower()]: v for k, v in _STRUCTURED.findall(lowered["ratelimit"])}
-        remaining, reset = fields.get("r", remaining), fields.get("t", reset)
-    try:
-        spent = remaining is not None and float(remaining.strip()) <= 0
-        seconds = float(reset.strip()) if reset is not None and spent else None
-    except ValueError:
-        return None
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return None
-    if seconds >= _EPOCH_MIN:
-        seconds = max(0.0, seconds - (time.time() if now is None else now))
-    return seconds or None
 
 
 def _user_agent() -> str:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from agent_reach_connectors import ConnectorError, Throttled, ToolCall
-from agent_reach_connectors.http import MAX_TEXT, HttpConnector, parse_retry_after, quota_reset
+from agent_reach_connectors.http import MAX_TEXT, HttpConnector
+from agent_reach_connectors.throttling import parse_retry_after, quota_reset
 from tests.support.sink import Response, Sink
 
 CANARY = "canary-7b1e5d"
