@@ -162,6 +162,24 @@ async def test_a_submit_to_a_replica_with_a_stale_catalogue_is_checked_against_t
         assert len((await second.get("/v1/tasks")).json()["tasks"]) == 1  # nothing else stored
 
 
+async def test_a_tool_created_on_another_replica_is_accepted_at_once(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path)
+    async with (
+        components_for(postgres_url, tools) as one,
+        components_for(postgres_url, tools) as two,
+        api_client(one) as first,
+        api_client(two) as second,
+    ):
+        assert (await first.post("/v1/tools", json=MAIL)).status_code == 201
+        assert "mail.send" not in two.catalog  # replica two has not looked yet
+        accepted = await second.post("/v1/tasks", json=plan())
+        assert accepted.status_code == 202, accepted.text
+        refused = await second.post("/v1/tasks", json=plan("no.such"))  # still refused
+        assert refused.json()["errors"][0]["code"] == "unknown_tool", refused.text
+
+
 async def test_a_deleted_tool_ends_its_queued_steps_and_its_versions_stay(
     database_url: str, tmp_path: Path
 ) -> None:

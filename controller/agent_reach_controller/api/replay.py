@@ -8,13 +8,10 @@ from fastapi.responses import JSONResponse
 from agent_reach import telemetry
 from agent_reach.ids import new_task_id
 from agent_reach_controller.api import schemas
-from agent_reach_controller.api.auth import Caller, require
+from agent_reach_controller.api.auth import Caller
 from agent_reach_controller.api.problems import V1_PROBLEMS
-from agent_reach_controller.api.tasks import PROBLEMS, Deps, TooManyInFlightError
-from agent_reach_controller.identity.policy import Action
-from agent_reach_controller.planning.plan import parse_plan
+from agent_reach_controller.api.tasks import PROBLEMS, Acceptance, Deps, accept_plan
 from agent_reach_controller.replay import dry_run, timeline
-from agent_reach_controller.state.tasks import SubmitInput, TaskNotFoundError
 
 router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
 
@@ -26,9 +23,7 @@ router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
     summary="The task's timeline, and a dry run of its plan on the recorded results",
 )
 async def replay(task_id: str, deps: Deps, who: Caller) -> schemas.ReplayOut:
-    view = await deps.tasks.get(task_id)
-    if view.task.tenant != who.tenant:
-        raise TaskNotFoundError(task_id)
+    view = await deps.tasks.get(task_id, tenant=who.tenant)
     events = await deps.tasks.events(task_id, limit=5000)
     await deps.registry.ensure((s.tool, s.tool_version) for s in view.steps)
     replayed = dry_run(
@@ -68,45 +63,18 @@ async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
     The new task joins the original's trace (its submit span is a child of the original's), so
     both runs read side by side in a trace viewer.
     """
-    view = await deps.tasks.get(task_id)
-    if view.task.tenant != who.tenant:
-        raise TaskNotFoundError(task_id)
-    body = view.task.request
-    await deps.registry.refresh()
-    plan = parse_plan(body, deps.catalog)
-    for tool in sorted({s.tool for s in plan.steps}):
-        require(deps, who, Action.SUBMIT, tool)
-    per_caller = deps.settings.max_tasks_in_flight_per_principal
-    if per_caller is not None:
-        in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
-        if in_flight >= per_caller:
-            raise TooManyInFlightError(who.name, in_flight, per_caller)
+    view = await deps.tasks.get(task_id, tenant=who.tenant)
     new_id = new_task_id()
-    trace_id = view.task.trace_id
     original = telemetry.task_span_id(task_id)
-    with (
-        telemetry.span(
-            telemetry.SUBMIT,
-            trace_id=trace_id,
-            span_id=telemetry.task_span_id(new_id),
-            parent_span_id=original,
-            attributes={telemetry.TASK_ID: new_id, "agent_reach.rerun_of": task_id},
-        ),
-        deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
+    with telemetry.span(
+        telemetry.SUBMIT,
+        trace_id=view.task.trace_id,
+        span_id=telemetry.task_span_id(new_id),
+        parent_span_id=original,
+        attributes={telemetry.TASK_ID: new_id, "agent_reach.rerun_of": task_id},
     ):
-        submitted = await deps.tasks.submit(
-            SubmitInput(
-                plan=plan,
-                request=body,
-                principal=who.name,
-                tenant=who.tenant,
-                key_id=who.key_id,
-                task_id=new_id,
-                trace_id=trace_id,
-                parent_span_id=original,
-            )
-        )
-        admitted.keep = submitted.created
+        to = Acceptance(task_id=new_id, trace_id=view.task.trace_id, parent_span_id=original)
+        submitted, _ = await accept_plan(deps, who, view.task.request, to)
     accepted = schemas.TaskAccepted(
         task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status
     )

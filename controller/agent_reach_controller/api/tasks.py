@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -19,6 +19,7 @@ from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
 from agent_reach_controller.planning.plan import Plan, parse_plan
+from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.state.records import EventRow
@@ -27,7 +28,7 @@ from agent_reach_controller.state.tasks import (
     CatalogChangedError,
     ResolveInput,
     SubmitInput,
-    TaskNotFoundError,
+    Submitted,
 )
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses=V1_PROBLEMS)
@@ -65,14 +66,77 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _validate(deps: Components, who: Principal, body: Any) -> tuple[Plan, int]:
-    """The plan checked against the catalogue this replica holds (the store checks that it is
-    still current), and that catalogue's revision; PlanInvalidError → 422, every problem."""
+async def _validate(deps: Components, who: Principal, body: Any) -> tuple[Plan, int]:
+    """The plan checked against the catalogue this replica holds, and that catalogue's revision
+    (the submit transaction checks it is still current); PlanInvalidError → 422, every problem.
+
+    A refused plan is checked once more if the catalogue moved meanwhile: it may name a tool
+    another replica has just created, enabled or changed.
+    """
     revision = deps.registry.revision
-    plan = parse_plan(body, deps.catalog)
+    try:
+        plan = parse_plan(body, deps.catalog)
+    except PlanInvalidError:
+        await deps.registry.refresh()
+        if deps.registry.revision == revision:
+            raise
+        revision = deps.registry.revision
+        plan = parse_plan(body, deps.catalog)
     for tool in sorted({s.tool for s in plan.steps}):
         require(deps, who, Action.SUBMIT, tool)
     return plan, revision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acceptance:
+    """Where a plan being accepted goes: its task id, trace, and the span that parents it."""
+
+    task_id: str
+    trace_id: str
+    parent_span_id: str | None  # stored with the task (the caller's span, or the original run's)
+    idempotency_key: str | None = None
+
+
+async def accept_plan(
+    deps: Components, who: Principal, body: Any, to: Acceptance
+) -> tuple[Submitted, int]:
+    """Validate `body` for `who`, admit it and store it as a task; (what was stored, its steps).
+
+    Runs inside the task's submit span (`telemetry.task_span_id(to.task_id)`) and adds the
+    validate and store spans under it.
+    """
+    root = telemetry.task_span_id(to.task_id)
+    with telemetry.span(telemetry.VALIDATE, trace_id=to.trace_id, parent_span_id=root):
+        plan, revision = await _validate(deps, who, body)
+        per_caller = deps.settings.max_tasks_in_flight_per_principal
+        if per_caller is not None:
+            in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
+            if in_flight >= per_caller:
+                raise TooManyInFlightError(who.name, in_flight, per_caller)
+    with (
+        telemetry.span(telemetry.STORE, trace_id=to.trace_id, parent_span_id=root),
+        deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
+    ):
+        submit = SubmitInput(
+            plan=plan,
+            request=body,
+            idempotency_key=to.idempotency_key,
+            principal=who.name,
+            tenant=who.tenant,
+            key_id=who.key_id,
+            task_id=to.task_id,
+            trace_id=to.trace_id,
+            parent_span_id=to.parent_span_id,
+            catalog_revision=revision,
+        )
+        try:
+            submitted = await deps.tasks.submit(submit)
+        except CatalogChangedError:  # another replica changed a tool: validate again
+            await deps.registry.refresh()
+            plan, _ = await _validate(deps, who, body)  # the same body: the same number of steps
+            submitted = await deps.tasks.submit(replace(submit, plan=plan, catalog_revision=None))
+        admitted.keep = submitted.created
+    return submitted, len(plan.steps)
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -147,50 +211,27 @@ async def submit_task(
     http_span = telemetry.current_ids() or parent
     trace_id = http_span[0] if http_span else new_trace_id()
     task_id = new_task_id()
-    root = telemetry.task_span_id(task_id)
     with telemetry.span(
         telemetry.SUBMIT,
         trace_id=trace_id,
-        span_id=root,
+        span_id=telemetry.task_span_id(task_id),
         parent_span_id=http_span[1] if http_span else None,
         attributes={telemetry.TASK_ID: task_id},
     ) as current:
-        with telemetry.span(telemetry.VALIDATE, trace_id=trace_id, parent_span_id=root):
-            body = await _read_json(request, deps.settings.max_body_bytes)
-            plan, revision = _validate(deps, who, body)
-            per_caller = deps.settings.max_tasks_in_flight_per_principal
-            if per_caller is not None:
-                in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
-                if in_flight >= per_caller:
-                    raise TooManyInFlightError(who.name, in_flight, per_caller)
-        limit = deps.settings.max_queued_steps
-        with (
-            telemetry.span(telemetry.STORE, trace_id=trace_id, parent_span_id=root),
-            deps.dispatch.admit(len(plan.steps), limit=limit) as admitted,
-        ):
-            submit = SubmitInput(
-                plan=plan,
-                request=body,
-                idempotency_key=idempotency_key,
-                principal=who.name,
-                tenant=who.tenant,
-                key_id=who.key_id,
+        body = await _read_json(request, deps.settings.max_body_bytes)
+        submitted, steps = await accept_plan(
+            deps,
+            who,
+            body,
+            Acceptance(
                 task_id=task_id,
                 trace_id=trace_id,
                 parent_span_id=parent[1] if parent else None,
-                catalog_revision=revision,
-            )
-            try:
-                submitted = await deps.tasks.submit(submit)
-            except CatalogChangedError:  # another replica changed a tool: validate again
-                await deps.registry.refresh()
-                plan, _ = _validate(deps, who, body)  # the same body: the same number of steps
-                submitted = await deps.tasks.submit(
-                    replace(submit, plan=plan, catalog_revision=None)
-                )
-            admitted.keep = submitted.created
+                idempotency_key=idempotency_key,
+            ),
+        )
         current.set_attribute(telemetry.TASK_ID, submitted.task_id)
-        current.set_attribute("agent_reach.steps", len(plan.steps))
+        current.set_attribute("agent_reach.steps", steps)
         if not submitted.created:
             current.set_attribute("agent_reach.idempotent_replay", True)
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
@@ -209,9 +250,7 @@ async def submit_task(
 
 @router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def get_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
-    view = await deps.tasks.get(task_id)
-    if view.task.tenant != who.tenant:
-        raise TaskNotFoundError(task_id)
+    view = await deps.tasks.get(task_id, tenant=who.tenant)
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
@@ -363,9 +402,7 @@ async def step_output(task_id: str, step_id: str, deps: Deps, who: Caller) -> sc
     summary="The task's trace in Jaeger's JSON (the UI's \"Upload JSON\"), from the event log",
 )
 async def task_trace(task_id: str, deps: Deps, who: Caller) -> dict[str, Any]:
-    view = await deps.tasks.get(task_id)
-    if view.task.tenant != who.tenant:
-        raise TaskNotFoundError(task_id)
+    view = await deps.tasks.get(task_id, tenant=who.tenant)
     events: list[EventRow] = []
     while len(events) < MAX_TRACE_EVENTS:
         page = await deps.tasks.events(task_id, after=events[-1].id if events else 0, limit=5000)

@@ -388,9 +388,14 @@ class TaskService:
         if new in TERMINAL_TASK_STATES:
             result.finished_tasks.add(task.task_id)
 
-    async def get(self, task_id: str) -> TaskView:
+    async def get(self, task_id: str, *, tenant: str | None = None) -> TaskView:
+        """The task and its steps; with `tenant`, TaskNotFoundError unless it is that tenant's
+        (the same answer as for a task that does not exist)."""
         async with self._db.transaction() as conn:
-            return await self._view(conn, task_id)
+            view = await self._view(conn, task_id)
+        if tenant is not None and view.task.tenant != tenant:
+            raise TaskNotFoundError(task_id)
+        return view
 
     async def list_tasks(
         self,
