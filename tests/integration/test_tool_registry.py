@@ -3,13 +3,14 @@ or deleted tool refused from the next dispatch on, in every replica."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from agent_reach_controller.runtime import Components
-from tests.integration.stack import TOOLS, api_client, components_for, key_for, write_tools
+from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
 
 MAIL: dict[str, Any] = {
     "name": "mail.send",
@@ -83,6 +84,25 @@ async def test_a_task_keeps_the_version_it_was_validated_against(
         leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
         by_task = {s.task_id: c.registry.get(s.tool, s.tool_version).timeout for s in leased}
         assert by_task == {before: 5.0, after: 1.0}
+
+
+async def test_after_a_restart_a_step_of_an_older_version_still_reports(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The older version is loaded in the report's own transaction (a second one would wait for
+    the first forever on SQLite)."""
+    tools = write_tools(tmp_path)
+    async with components_for(database_url, tools) as c, api_client(c) as api:
+        assert (await api.post("/v1/tools", json=MAIL)).status_code == 201
+        assert (await api.post("/v1/tasks", json=plan())).status_code == 202
+        [step] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        tighter = {**MAIL, "timeout": "1s"}  # a new version; the step keeps its own
+        assert (await api.put("/v1/tools/mail.send", json=tighter)).status_code == 200
+    async with components_for(database_url, tools) as c:  # a restart: caches start empty
+        async with asyncio.timeout(20):
+            acks = await c.dispatch.report(executor_id="x", results=[ok(step, {"sent": 1})])
+        assert [a.accepted for a in acks] == [True]
+        assert (await c.tasks.get(step.task_id)).task.status == "succeeded"
 
 
 async def test_a_disabled_tool_is_refused_at_the_next_dispatch_with_a_receipt(

@@ -518,7 +518,9 @@ class DispatchService:
             keys = [r.step_key for r in results]
             task_ids = await store.lock_tasks_of_steps(conn, keys)
             current = await store.load_steps_by_key(conn, keys)
-            await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            await self._registry.ensure(
+                [(s.tool, s.tool_version) for s in current.values()], conn=conn
+            )
             # Read once under the lock: step changes never touch task rows.
             tasks = await store.load_tasks(conn, task_ids)
             acks, requeued, opened = await self._apply(
@@ -759,7 +761,9 @@ class DispatchService:
         async with self._db.transaction() as conn:
             task_ids = await store.lock_tasks_of_steps(conn, keys)
             current = await store.load_steps_by_key(conn, keys)
-            await self._registry.ensure((s.tool, s.tool_version) for s in current.values())
+            await self._registry.ensure(
+                [(s.tool, s.tool_version) for s in current.values()], conn=conn
+            )
             tasks = await store.load_tasks(conn, task_ids)
             budgets = await self._tasks.budgets(conn, tasks)
             changes = [

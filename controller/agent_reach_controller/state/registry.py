@@ -135,7 +135,9 @@ class ToolRegistry:
             return  # a slower reload of an older state
         heads = {
             row.name: ToolHead(
-                spec=ToolSpec.model_validate(row.spec),
+                # Versions are immutable: one parsed before (schemas, CEL) is reused.
+                spec=self._versions.get((row.name, row.version))
+                or ToolSpec.model_validate(row.spec),
                 revision=row.revision,
                 updated_by=row.updated_by,
                 updated_at=row.updated_at,
@@ -148,16 +150,25 @@ class ToolRegistry:
         self.heads = heads
         self.revision = revision
 
-    async def ensure(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Load any of these versions not yet cached (before a synchronous `get`)."""
+    async def ensure(
+        self, pairs: Iterable[tuple[str, str]], *, conn: AsyncConnection | None = None
+    ) -> None:
+        """Load any of these versions not yet cached (before a synchronous `get`).
+
+        Inside a transaction, pass its `conn`: a second transaction would wait for the first on
+        SQLite (one writer) and take a second pooled connection under row locks on Postgres.
+        """
         missing = [p for p in set(pairs) if p not in self._versions]
         if not missing:
             return
-        async with self._db.transaction() as conn:
-            for name, version in missing:
-                spec = await tool_store.load_version(conn, name, version)
-                if spec is not None:
-                    self._versions[(name, version)] = ToolSpec.model_validate(spec)
+        if conn is None:
+            async with self._db.transaction() as fresh:
+                await self.ensure(missing, conn=fresh)
+            return
+        for name, version in missing:
+            spec = await tool_store.load_version(conn, name, version)
+            if spec is not None:
+                self._versions[(name, version)] = ToolSpec.model_validate(spec)
 
     def get(self, name: str, version: str) -> ToolSpec:
         """The exact version a step was validated against."""

@@ -307,7 +307,7 @@ class TaskService:
         """
         ids = sorted(tasks)
         await self._registry.ensure(
-            (s.tool, s.tool_version) for s in (s for steps in by_task.values() for s in steps)
+            ((s.tool, s.tool_version) for steps in by_task.values() for s in steps), conn=conn
         )
         result = Advanced(ready_connectors=set(), finished_tasks=set(), task_status={})
         changes: list[StepChange] = []
@@ -517,7 +517,7 @@ class TaskService:
             if task.status not in TERMINAL_TASK_STATES:
                 await store.request_cancel(conn, task_id, now=now)
                 steps = await store.load_steps(conn, [task_id])
-                await self._registry.ensure((s.tool, s.tool_version) for s in steps)
+                await self._registry.ensure([(s.tool, s.tool_version) for s in steps], conn=conn)
                 changes = [
                     StepChange(
                         step=step,
@@ -553,7 +553,7 @@ class TaskService:
                 raise StepNotFoundError(data.step_id)
             if step.status is not StepStatus.OUTCOME_UNKNOWN:
                 raise StepNotResolvableError(step.step_id, step.status.value)
-            await self._registry.ensure([(step.tool, step.tool_version)])
+            await self._registry.ensure([(step.tool, step.tool_version)], conn=conn)
             change = decide_resolution(
                 step,
                 action=data.action,
@@ -604,7 +604,7 @@ class TaskService:
                 )
             if step.decide_by is not None and step.decide_by < now:
                 raise ApprovalExpiredError(f"the approval of step {step.step_id!r} has expired")
-            await self._registry.ensure([(step.tool, step.tool_version)])
+            await self._registry.ensure([(step.tool, step.tool_version)], conn=conn)
             tool = self._registry.get(step.tool, step.tool_version)
             if data.args is not None and (problems := validate_resolved_args(tool, data.args)):
                 raise EditedArgumentsError(problems)
