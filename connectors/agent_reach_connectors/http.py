@@ -671,7 +671,7 @@ class HttpConnector:
             kind=SpanKind.CLIENT,
             attributes={
                 "http.request.method": request.method,
-                "server.address": request.url.host,
+                "server.address": redact(request.url.host),  # a host may come from a secret
                 "server.port": request.url.port or netguard.DEFAULT_PORTS.get(url_scheme, 0),
             },
         ) as current:

@@ -214,8 +214,9 @@ def span(  # noqa: PLR0913 - a span's facts, all by keyword
 ) -> Iterator[Span]:
     """A span of trace `trace_id`, with the id asked for (or a random one), current meanwhile.
 
-    Exceptions escaping the block mark the span as an error. Without tracing configured the span
-    records nothing but still carries its ids (logs and `traceparent_of` use them).
+    Exceptions escaping the block mark the span as an error, by type only (never the message).
+    Without tracing configured the span records nothing but still carries its ids (logs and
+    `traceparent_of` use them).
     """
     if not _TRACE_ID.match(trace_id):
         yield trace.INVALID_SPAN  # nothing to attach it to (e.g. a hand-made assignment)
@@ -247,8 +248,18 @@ def span(  # noqa: PLR0913 - a span's facts, all by keyword
         finally:
             _chosen_span.reset(ids[1])
             _chosen_trace.reset(ids[0])
-        with trace.use_span(started, end_on_exit=True, record_exception=True):
-            yield started
+        # Exception messages may carry secrets (a URL, a config value): a span says only the
+        # exception's type, unless the code marked it itself (mark_error) with a known code.
+        with trace.use_span(
+            started, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                yield started
+            except BaseException as exc:
+                status = getattr(started, "status", None)  # the SDK's span has one
+                if status is None or status.is_unset:
+                    mark_error(started, type(exc).__name__)
+                raise
     finally:
         log_context.reset(token)
 

@@ -39,6 +39,8 @@ class ReceivedSpan:
     status_code: int  # 0 unset, 1 ok, 2 error
     attributes: dict[str, Any] = field(default_factory=dict)
     instance: str = ""  # the resource's service.instance.id: which process sent it
+    status_message: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)  # name and attributes of each
 
 
 def _value(value: AnyValue) -> Any:
@@ -69,6 +71,11 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         status_code=span.status.code,
                         attributes={a.key: _value(a.value) for a in span.attributes},
                         instance=str(resource.get("service.instance.id", "")),
+                        status_message=span.status.message,
+                        events=[
+                            {"name": e.name, **{a.key: _value(a.value) for a in e.attributes}}
+                            for e in span.events
+                        ],
                     )
                 )
     return found

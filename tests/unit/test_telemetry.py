@@ -91,3 +91,36 @@ def test_a_ratio_sampler_keeps_or_drops_a_tasks_spans_together(tmp_path: Path) -
         names.setdefault(s.trace_id, set()).add(s.name)
     assert 0 < len(names) < traces, len(names)  # the sampler did drop some, and kept some
     assert all(kept == {"submit_task", "dispatch_step"} for kept in names.values()), names
+
+
+FAILING_PROCESS = """
+from agent_reach import telemetry
+from agent_reach.ids import new_trace_id
+assert telemetry.configure_tracing("errors-test")
+for kind in ("unexpected", "marked"):
+    try:
+        with telemetry.span(kind, trace_id=new_trace_id()) as current:
+            if kind == "marked":
+                telemetry.mark_error(current, "downstream_unavailable")
+            raise ValueError("token=canary-0451 in https://canary-0451.example/x")
+    except ValueError:
+        pass
+telemetry.flush_tracing()
+"""
+
+
+def test_a_failed_span_says_the_error_type_never_the_message(tmp_path: Path) -> None:
+    with OtlpReceiver() as otlp:
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url}
+        subprocess.run(
+            [sys.executable, "-c", FAILING_PROCESS], env=env, check=True, timeout=60, cwd=tmp_path
+        )
+        spans = {s.name: s for s in otlp.spans()}
+    assert set(spans) == {"unexpected", "marked"}
+    assert (spans["unexpected"].status_code, spans["unexpected"].status_message) == (
+        2,
+        "ValueError",
+    )
+    assert spans["unexpected"].attributes["error.type"] == "ValueError"
+    assert spans["marked"].attributes["error.type"] == "downstream_unavailable"  # kept
+    assert "canary-0451" not in repr(list(spans.values()))
