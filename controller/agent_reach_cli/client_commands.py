@@ -14,6 +14,24 @@ import httpx
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
+def add_client_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """--url and --api-key. `inherited`: a subcommand of a parser that has them too, whose values
+    must survive (argparse lets a subparser's defaults overwrite its parent's)."""
+    default = argparse.SUPPRESS if inherited else None
+    p.add_argument(
+        "--url",
+        default=default,
+        help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)",
+    )
+    p.add_argument("--api-key", default=default, help="API key (AGENT_REACH_API_KEY)")
+
+
+def auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The Authorization header of the key given (--api-key or AGENT_REACH_API_KEY), if any."""
+    key = args.api_key or os.environ.get("AGENT_REACH_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _url(args: argparse.Namespace) -> str:
     url: str = args.url or os.environ.get("AGENT_REACH_URL") or DEFAULT_URL
     return url.rstrip("/")
@@ -29,8 +47,7 @@ def _print(response: httpx.Response) -> int:
 
 
 def _request(method: str, url: str, args: argparse.Namespace, **kw: Any) -> httpx.Response | None:
-    key = args.api_key or os.environ.get("AGENT_REACH_API_KEY")
-    headers = {**kw.pop("headers", {}), **({"Authorization": f"Bearer {key}"} if key else {})}
+    headers = {**kw.pop("headers", {}), **auth_headers(args)}
     try:
         return httpx.request(method, url, timeout=kw.pop("timeout", 30.0), headers=headers, **kw)
     except httpx.HTTPError as exc:

@@ -55,10 +55,7 @@ def _add_trace_parser(sub: Any) -> None:
     p.set_defaults(handler=client_commands.trace_export)
     p.add_argument("task_id")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
-    p.add_argument(
-        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
-    )
-    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+    client_commands.add_client_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,10 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("approve", client_commands.approve, "approve (or --reject) a dangerous step"),
     ):
         p = add(name, handler, help_)
-        p.add_argument(
-            "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
-        )
-        p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+        client_commands.add_client_flags(p)
         if name == "submit":
             p.add_argument("file")
             p.add_argument("--wait", type=float, default=0, help="seconds to wait for the end")

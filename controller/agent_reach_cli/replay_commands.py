@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from agent_reach_cli.client_commands import _print, _request, _url
+from agent_reach_cli.client_commands import _print, _request, _url, add_client_flags
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -106,7 +106,4 @@ def add_parser(sub: Any) -> None:
     mode.add_argument("--dry-run", action="store_true", help="no connector is called")
     mode.add_argument("--rerun", action="store_true", help="a new task, live, same trace")
     p.add_argument("--json", action="store_true", help="print the API's JSON")
-    p.add_argument(
-        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
-    )
-    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+    add_client_flags(p)

@@ -17,14 +17,7 @@ from typing import Any
 
 import yaml
 
-from agent_reach_cli.client_commands import _print, _request, _url
-
-
-def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url", help="controller REST URL (AGENT_REACH_URL, default http://127.0.0.1:8080)"
-    )
-    p.add_argument("--api-key", help="API key (AGENT_REACH_API_KEY)")
+from agent_reach_cli.client_commands import _print, _request, _url, add_client_flags
 
 
 def _read(path: str) -> str:
@@ -127,6 +120,20 @@ def import_(args: argparse.Namespace) -> int:
     return _done(_request("POST", url, args, content=text, headers=headers, params=params))
 
 
+def _list_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """`reach tools [list]` flags; `inherited` as in add_client_flags."""
+    formats = ["native", "openai", "anthropic"]
+    p.add_argument(
+        "--format", choices=formats, default=argparse.SUPPRESS if inherited else "native"
+    )
+    p.add_argument(
+        "--include-disabled",
+        action="store_true",
+        default=argparse.SUPPRESS if inherited else False,
+        help="(tools you administer)",
+    )
+
+
 def add_parser(sub: Any) -> None:
     """`reach tools` and its subcommands."""
     tools = sub.add_parser(
@@ -135,21 +142,18 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _client_flags(tools)
-    tools.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
-    tools.add_argument("--include-disabled", action="store_true", help="(tools you administer)")
+    add_client_flags(tools)
+    _list_flags(tools)
     tools.set_defaults(handler=list_tools)
     commands = tools.add_subparsers(dest="tools_command", metavar="COMMAND")
 
     def add(name: str, handler: Any, help_: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=help_)
-        _client_flags(p)
+        add_client_flags(p, inherited=True)
         p.set_defaults(handler=handler)
         return p
 
-    p = add("list", list_tools, "the tools you may submit")
-    p.add_argument("--format", choices=["native", "openai", "anthropic"], default="native")
-    p.add_argument("--include-disabled", action="store_true", help="(tools you administer)")
+    _list_flags(add("list", list_tools, "the tools you may submit"), inherited=True)
     add("show", show, "one tool as the catalogue holds it").add_argument("name")
     add("history", history, "every change to a tool, newest first").add_argument("name")
     add("create", create, "add a tool from a YAML or JSON file ('-': stdin)").add_argument("file")

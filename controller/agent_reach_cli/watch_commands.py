@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any, Protocol, TextIO
 
 import httpx
 
-from agent_reach_cli.client_commands import _print, _url
+from agent_reach_cli.client_commands import _print, _url, auth_headers
 from agent_reach_cli.plan_tree import SseParser, TaskState, apply_event, plan_from, render_tree
 
 # Heartbeats come every 15 s; four missed ones mean the connection is gone.
@@ -93,8 +92,7 @@ class _Busy(Exception):
 
 
 def watch(args: argparse.Namespace) -> int:
-    key = args.api_key or os.environ.get("AGENT_REACH_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth_headers(args)
     url = f"{_url(args)}/v1/tasks/{args.task_id}"
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
     with httpx.Client(timeout=timeout, headers=headers) as client:

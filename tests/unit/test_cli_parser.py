@@ -1,0 +1,30 @@
+"""`reach` argument parsing: flags given before a subcommand are not lost after it."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_reach_cli.main import build_parser
+
+
+@pytest.mark.parametrize(
+    ("argv", "url", "key"),
+    [
+        (["tools", "--url", "http://a", "--api-key", "k1", "show", "x"], "http://a", "k1"),
+        (["tools", "show", "x", "--url", "http://b", "--api-key", "k2"], "http://b", "k2"),
+        (["tools", "--url", "http://c", "export"], "http://c", None),
+        (["tools"], None, None),
+        (["replay", "T", "--url", "http://d"], "http://d", None),
+        (["trace", "export", "T", "--api-key", "k3"], None, "k3"),
+    ],
+)
+def test_client_flags_reach_the_command(argv: list[str], url: str | None, key: str | None) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.url, args.api_key) == (url, key)
+
+
+def test_list_flags_before_the_list_subcommand_are_kept() -> None:
+    args = build_parser().parse_args(["tools", "--format", "openai", "--include-disabled", "list"])
+    assert (args.format, args.include_disabled) == ("openai", True)
+    plain = build_parser().parse_args(["tools", "list"])
+    assert (plain.format, plain.include_disabled) == ("native", False)
