@@ -13,6 +13,7 @@ The format is Jaeger's query-API JSON, `{"data": [trace]}`, with times in micros
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -142,7 +143,8 @@ def _attempts(builder: _Builder, step: StepRow, events: Sequence[EventRow], root
         )
         # A step runs one attempt at a time: the next move out of `running` ends this one (its
         # event carries the attempt it moved to, e.g. a retry's next attempt).
-        ended = next((e for e in events[index + 1 :] if e.from_status == "running"), None)
+        later = itertools.islice(events, index + 1, None)  # no copy: a step may retry for days
+        ended = next((e for e in later if e.from_status == "running"), None)
         outcome = ended.kind if ended is not None else "running"
         error = (ended.data or {}).get("error") if ended is not None else None
         code = error.get("code") if isinstance(error, dict) else None

@@ -294,6 +294,11 @@ def render_for_model(receipt: Receipt, *, budget: int = 2000, handle: str | None
     return _dump(_document(cut_status or "", None, None))
 
 
+def output_handle(task_id: str, step_id: str) -> str:
+    """Where a step's whole output is fetched (receipts cut for the model point here)."""
+    return f"/v1/tasks/{task_id}/steps/{step_id}/output"
+
+
 def render_receipt_dict(
     receipt: Mapping[str, Any], *, budget: int = 2000, handle: str | None = None
 ) -> str:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
-from agent_reach_controller.receipts import render_receipt_dict
+from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
 from agent_reach_controller.state.approvals import args_hash
 from agent_reach_controller.state.outcomes import terminal_values
@@ -133,9 +133,8 @@ def dry_run(
     live = {s.step_id: s for s in recorded}
     sim = {s.step_id: _fresh(s) for s in recorded}
     queued: dict[str, Mapping[str, Any]] = {}
-    progressed = True
-    while progressed:
-        progressed = False
+    # Each pass settles at least one more step; a record that does not add up cannot loop.
+    for _ in range(len(recorded) + 1):
         changes = decide_unblocks(
             AdvanceInput(
                 steps=list(sim.values()),
@@ -153,18 +152,22 @@ def dry_run(
                 sim[step_id] = replace(
                     sim[step_id], status=target(change.transition), **_ended(change.values)
                 )
-            progressed = True
+        if not changes:
+            break
     replays = []
     for step_id, was in live.items():
         now = sim[step_id]
         tool = tool_of(was.tool, was.tool_version)
+        handle = output_handle(task.task_id, step_id)  # as the tool messages carry it
         replay = StepReplay(
             step_id=step_id,
             recorded_status=was.status.value,
             replayed_status=now.status.value,
-            recorded_message=_render(was.receipt, budget),
+            recorded_message=_render(was.receipt, budget, handle),
             replayed_message=_render(
-                now.receipt if step_id not in queued else _receipt_of(now, was, tool), budget
+                now.receipt if step_id not in queued else _receipt_of(now, was, tool),
+                budget,
+                handle,
             ),
         )
         if was.status is not now.status:
@@ -197,5 +200,5 @@ def _ended(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: values[k] for k in ("error", "receipt", "output") if k in values}
 
 
-def _render(receipt: Mapping[str, Any] | None, budget: int) -> str | None:
-    return None if receipt is None else render_receipt_dict(receipt, budget=budget)
+def _render(receipt: Mapping[str, Any] | None, budget: int, handle: str) -> str | None:
+    return None if receipt is None else render_receipt_dict(receipt, budget=budget, handle=handle)

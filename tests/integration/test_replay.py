@@ -4,6 +4,7 @@ that notices when the record does not add up, and a live re-run in the same trac
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,27 @@ async def test_a_rerun_is_a_new_live_task_in_the_same_trace(
         assert view["status"] in ("pending", "running")
         assert (await api.post("/v1/tasks/nope/rerun")).status_code == 404
         assert (await api.get("/v1/tasks/nope/replay")).status_code == 404
+
+
+async def test_a_dry_run_reproduces_the_tool_messages_the_model_was_given(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A cut receipt carries a handle to the full output; the dry run renders it the same."""
+    args = json.dumps({"text": "x" * 1000})
+    calls = {
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "echo_say", "arguments": args}}
+        ]
+    }
+    tools = write_tools(tmp_path)
+    async with (
+        components_for(sqlite_url, tools, receipt_budget_chars=200) as c,
+        api_client(c) as api,
+    ):
+        task_id = (await api.post("/v1/tasks", json=calls)).json()["task_id"]
+        [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.dispatch.report(executor_id="x", results=[ok(leased, {"echo": "y" * 1000})])
+        [message] = (await api.get(f"/v1/tasks/{task_id}")).json()["tool_messages"]
+        [step] = (await api.get(f"/v1/tasks/{task_id}/replay")).json()["dry_run"]["steps"]
+    assert "full_output" in message["content"]
+    assert step["recorded_message"] == step["replayed_message"] == message["content"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from agent_reach_controller.api import schemas
-from agent_reach_controller.receipts import render_receipt_dict
+from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.state.tasks import TaskView
 
 
@@ -39,7 +39,7 @@ def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
                 content=render_receipt_dict(
                     s.receipt,
                     budget=budget,
-                    handle=f"/v1/tasks/{task.task_id}/steps/{s.step_id}/output",
+                    handle=output_handle(task.task_id, s.step_id),
                 ),
             )
             for s in view.steps
