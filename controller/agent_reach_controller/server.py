@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import uvicorn
 from grpc_health.v1 import health_pb2
 
+from agent_reach.addresses import split_address
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.rpc.servicer import ExecutorService, build_server
 from agent_reach_controller.runtime import Components, background, open_components
-from agent_reach_controller.settings import ControllerSettings, split_address
+from agent_reach_controller.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEFAULT_SQLITE = "sqlite:///.reach/reach.db"
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """'HOST:PORT' → (host, port); IPv6 hosts may be bracketed."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 class ControllerSettings(BaseSettings):
     """How a controller process is wired: its listeners, storage and lease timings."""
 

@@ -13,15 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import start_http_server
 
 from agent_reach import metrics as m
+from agent_reach.addresses import split_address
 from agent_reach_executor.client import Assignment, StepResult
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """'HOST:PORT' → (host, port); IPv6 hosts may be bracketed, an empty host is 127.0.0.1."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class ExecutorMetrics:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent_reach_executor.metrics import split_address
+from agent_reach.addresses import split_address
 
 
 def default_executor_id() -> str:

@@ -37,6 +37,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from agent_reach.ids import make_traceparent, new_span_id
+
 TRACER_NAME = "agent_reach"
 _TRACE_ID = re.compile(r"^(?!0{32})[0-9a-f]{32}$")
 
@@ -46,7 +48,6 @@ VALIDATE = "validate_plan"
 STORE = "store_task"
 DISPATCH = "dispatch_step"  # controller: a step's attempt handed to an executor
 EXECUTE = "execute_tool"  # executor: GenAI semantic conventions' tool execution
-RECORD = "record_result"  # controller: an attempt's result applied
 
 # Attributes (OpenTelemetry GenAI semantic conventions, and ours under agent_reach.*).
 GEN_AI_OPERATION = "gen_ai.operation.name"
@@ -92,10 +93,6 @@ def dispatch_span_id(task_id: str, step_id: str, attempt: int) -> str:
 
 def execute_span_id(task_id: str, step_id: str, attempt: int) -> str:
     return derived_span_id(task_id, step_id, attempt, "execute")
-
-
-def record_span_id(task_id: str, step_id: str, attempt: int) -> str:
-    return derived_span_id(task_id, step_id, attempt, "record")
 
 
 class _ChosenIds:
@@ -197,8 +194,9 @@ def current_ids() -> tuple[str, str] | None:
 
 def traceparent_of(span: Span) -> str:
     context = span.get_span_context()
-    flags = "01" if context.trace_flags.sampled else "00"
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags}"
+    return make_traceparent(
+        f"{context.trace_id:032x}", f"{context.span_id:016x}", sampled=context.trace_flags.sampled
+    )
 
 
 @contextlib.contextmanager
@@ -221,7 +219,7 @@ def span(  # noqa: PLR0913 - a span's facts, all by keyword
     if not _TRACE_ID.match(trace_id):
         yield trace.INVALID_SPAN  # nothing to attach it to (e.g. a hand-made assignment)
         return
-    chosen = span_id or f"{random.getrandbits(64) or 1:016x}"
+    chosen = span_id or new_span_id()
     token = log_context.set((trace_id, chosen))
     try:
         if not _state["enabled"]:
