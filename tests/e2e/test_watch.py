@@ -4,6 +4,7 @@ event stream and exits with the task's outcome."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_watch_follows_a_task_to_its_end_and_exits_with_its_outcome(tmp_path: Pa
                 "/v1/tasks",
                 json={
                     "steps": [
-                        {"step_id": "wait", "tool": "clock.wait", "args": {"seconds": 1.5}},
+                        {"step_id": "wait", "tool": "clock.wait", "args": {"seconds": 5}},
                         {"step_id": "a", "tool": "note.echo", "depends_on": ["wait"]},
                         {"step_id": "b", "tool": "note.echo", "depends_on": ["wait", "a"]},
                     ]
@@ -59,10 +60,28 @@ def test_watch_follows_a_task_to_its_end_and_exits_with_its_outcome(tmp_path: Pa
                 },
             ).json()["task_id"]
 
-        # Started while the first step sleeps: the stream carries the rest as it happens.
-        done = _watch(url, slow)
-        assert done.returncode == 0, done.stdout + done.stderr
-        lines = done.stdout.splitlines()
+            # Started while the first step sleeps: the stream carries the rest as it happens.
+            watching = subprocess.Popen(
+                [*REACH, "status", slow, "--watch", *url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            assert watching.stdout is not None
+            lines = []
+            try:
+                for line in watching.stdout:  # bounded: the watch ends with the task
+                    lines.append(line.rstrip("\n"))
+                    if "wait: ready → running" in line:
+                        # Printed live: the step still sleeps, the task has not ended.
+                        now = client.get(f"/v1/tasks/{slow}").json()["status"]
+                        assert now == "running", (now, lines)
+                out, err = watching.communicate(timeout=90)
+            finally:
+                watching.kill()
+        assert watching.returncode == 0, "\n".join(lines) + out + err
+        assert out == ""
         for change in (
             "wait: blocked → ready",
             "wait: ready → running",
@@ -71,7 +90,7 @@ def test_watch_follows_a_task_to_its_end_and_exits_with_its_outcome(tmp_path: Pa
             "b: running → succeeded",
             f"task {slow} task_status → succeeded",
         ):
-            assert any(change in line for line in lines), (change, done.stdout)
+            assert any(change in line for line in lines), (change, lines)
         # Then the final tree: b under a (its latest dependency), naming the other.
         assert lines[-4].startswith(f"task {slow} succeeded · 3/3 steps done · ")
         assert lines[-3].startswith("└─ ✓ wait  clock.wait  succeeded  attempt 1")

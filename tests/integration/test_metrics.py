@@ -132,13 +132,13 @@ async def test_queue_gauges_and_schedule_to_start_come_from_the_database(
             ],
         )
         now = datetime.now(UTC)
-        # Queued 20 s ago; queued long ago but due only 2 s ago; not due for a minute.
+        # Queued 20 s ago; queued long ago but due only 1.5 s ago; not due for a minute.
         await backdate(c, "old", updated_at=now - timedelta(seconds=20))
         await backdate(
             c,
             "backoff",
             updated_at=now - timedelta(seconds=100),
-            not_before=now - timedelta(seconds=2),
+            not_before=now - timedelta(seconds=1.5),  # mid-bucket: 1 s of slack either way
         )
         await backdate(c, "later", not_before=now + timedelta(seconds=60))
         assert await c.dispatch.refresh_queue_depth() == 4
@@ -147,12 +147,12 @@ async def test_queue_gauges_and_schedule_to_start_come_from_the_database(
         assert value(text, "agent_reach_queue_depth", tool="echo.count") == 1
         oldest = value(text, "agent_reach_queue_oldest_ready_age_seconds", tool="echo.say")
         assert oldest is not None
-        assert 20 <= oldest < 30  # the backoff step waits 2 s, the later one is not due
+        assert 20 <= oldest < 30  # the backoff step waits 1.5 s, the later one is not due
         leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
         assert sorted(s.step_id for s in leased) == ["backoff", "count", "old"]
         text = await scrape(c)
         bucket = "agent_reach_schedule_to_start_seconds_bucket"
-        # Each leased row carries its own queue time: 2 s for one, 20 s for the other.
+        # Each leased row carries its own queue time: 1.5 s for one, 20 s for the other.
         assert value(text, bucket, tool="echo.say", le="1.0") == 0
         assert value(text, bucket, tool="echo.say", le="2.5") == 1
         assert value(text, bucket, tool="echo.say", le="10.0") == 1

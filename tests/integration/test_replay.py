@@ -42,8 +42,8 @@ async def run_to_the_end(c: Components) -> None:
     """look: a retry then success; echo: success; count: a fatal error; maybe is skipped."""
     outputs: dict[str, Any] = {"look": LOOK, "echo": {"text": "hello"}}
     retried = False
-    for _ in range(400):
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+    for _ in range(20):  # each round waits for the next step (a retry's backoff is 10 ms)
+        leased = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=10, wait=5)
         results = []
         for step in leased:
             if step.step_id == "look" and not retried:

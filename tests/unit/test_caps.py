@@ -72,6 +72,7 @@ def test_bad_effect_declarations_are_refused_at_load(fields: dict[str, Any], fra
 def test_tools_without_effects_keep_the_version_they_had() -> None:
     """Adding the fields must not move every stored tool (and its pinned tasks) to a new version."""
     plain = tool()
+    assert plain.version == "d21578faeb0f"  # what commit fbcffde, before these fields, computed
     before = plain.model_dump(mode="json")
     del before["effects"], before["cost"], before["redact"]  # fields added after release
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
