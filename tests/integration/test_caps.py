@@ -418,3 +418,45 @@ async def test_racing_charges_never_over_admit(postgres_url: str, tmp_path: Path
         used = await totals(one)
         assert used[(f"task:{tasks[0]}", "message")] == 5
         assert used[("tenant:acme", "payment")] == 7
+
+
+async def test_the_same_step_charged_twice_at_once_is_charged_once(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Two charges of one step race (its lease expired mid-charge and it was taken again): the
+    one that waited for the counters sees the other's charge and adds nothing."""
+    tools = write_tools(tmp_path, CAPPED_TOOLS)
+    async with components_for(postgres_url, tools) as c:
+        task_id = await submit(c, {"steps": sends(2), "caps": {"message": 5}})
+        first, second = (await steps_of(c, task_id)).values()
+        assert await c.dispatch.effect_caps.charge([first]) == {}  # the counter row exists now
+        held = await c.db.engine.connect()  # hold the counter: both charges wait behind it
+        transaction = await held.begin()
+        await held.execute(
+            sa.select(cap_usage.c.used)
+            .where(cap_usage.c.scope == f"task:{task_id}")
+            .with_for_update()
+        )
+        racing = [asyncio.create_task(c.dispatch.effect_caps.charge([second])) for _ in range(2)]
+        await wait_for_lock_waiters(c, 2)  # both past their first look, blocked on the counter
+        await transaction.rollback()
+        await held.close()
+        assert await asyncio.gather(*racing) == [{}, {}]
+        used = await totals(c)
+        assert used[(f"task:{task_id}", "message")] == 2  # one per step, not three
+
+
+async def wait_for_lock_waiters(c: Components, count: int, *, within: float = 10.0) -> None:
+    """Until `count` sessions of this database wait for a lock (each read is a new snapshot)."""
+    waiting = sa.text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        async with c.db.transaction() as conn:
+            if (await conn.execute(waiting)).scalar_one() >= count:
+                return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} sessions never waited for a lock")

@@ -135,6 +135,10 @@ class CapService:
     ) -> Refused:
         caps = {cap.key: cap for ask in asks for cap in ask.caps}
         used = await _lock_counters(conn, caps, now=now)
+        # A charge of the same step (a lease that expired mid-charge, taken again) may have
+        # committed while this waited for the counters: it is not charged twice.
+        done = await _charged(conn, [(a.step_key, a.tool) for a in asks])
+        asks = [a for a in asks if (a.step_key, a.tool) not in done]
         decided = admit(asks, used)
         by_key = {c.step.id: c.step for c in candidates}
         admitted = set(decided.admitted)
