@@ -10,7 +10,7 @@ from agent_reach.ids import new_task_id
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller
 from agent_reach_controller.api.problems import V1_PROBLEMS
-from agent_reach_controller.api.tasks import PROBLEMS, Acceptance, Deps, accept_plan
+from agent_reach_controller.api.tasks import MAX_EVENTS, PROBLEMS, Acceptance, Deps, accept_plan
 from agent_reach_controller.replay import dry_run, timeline
 
 router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
@@ -23,8 +23,7 @@ router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
     summary="The task's timeline, and a dry run of its plan on the recorded results",
 )
 async def replay(task_id: str, deps: Deps, who: Caller) -> schemas.ReplayOut:
-    view = await deps.tasks.get(task_id, tenant=who.tenant)
-    events = await deps.tasks.events(task_id, limit=5000)
+    view, events = await deps.tasks.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
     await deps.registry.ensure((s.tool, s.tool_version) for s in view.steps)
     replayed = dry_run(
         view.task,
@@ -39,6 +38,7 @@ async def replay(task_id: str, deps: Deps, who: Caller) -> schemas.ReplayOut:
         timeline=[
             schemas.MomentOut.model_validate(m, from_attributes=True) for m in timeline(events)
         ],
+        truncated=len(events) >= MAX_EVENTS,
         dry_run=schemas.DryRunOut(
             finished=replayed.finished,
             identical=replayed.identical,

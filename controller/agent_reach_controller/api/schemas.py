@@ -291,4 +291,7 @@ class ReplayOut(BaseModel):
     trace_id: str
     request: dict[str, Any]
     timeline: list[MomentOut]
+    truncated: bool = Field(
+        False, description="The task has more events than a timeline shows (the first 50,000)"
+    )
     dry_run: DryRunOut

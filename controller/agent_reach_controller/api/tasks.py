@@ -22,7 +22,6 @@ from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.records import EventRow
 from agent_reach_controller.state.tasks import (
     ApprovalInput,
     CatalogChangedError,
@@ -57,8 +56,9 @@ SUBMIT_BODY = {
     }
 }
 PROBLEMS = problem_responses(400, 404, 409, 413, 429)
-# A trace is built from at most this many events (a task that retried for days stays bounded).
-MAX_TRACE_EVENTS = 50_000
+# A trace or a replay is built from at most this many events (a task that retried for days
+# stays bounded).
+MAX_EVENTS = 50_000
 # With ?wait=…, a task that ended in time is 200 with its receipts; otherwise 202 as without.
 SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": schemas.TaskOut, "description": "The task ended within ?wait"},
@@ -402,13 +402,7 @@ async def step_output(task_id: str, step_id: str, deps: Deps, who: Caller) -> sc
     summary="The task's trace in Jaeger's JSON (the UI's \"Upload JSON\"), from the event log",
 )
 async def task_trace(task_id: str, deps: Deps, who: Caller) -> dict[str, Any]:
-    view = await deps.tasks.get(task_id, tenant=who.tenant)
-    events: list[EventRow] = []
-    while len(events) < MAX_TRACE_EVENTS:
-        page = await deps.tasks.events(task_id, after=events[-1].id if events else 0, limit=5000)
-        events += page
-        if len(page) < 5000:
-            break
+    view, events = await deps.tasks.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
     return jaeger_trace(view.task, view.steps, events)
 
 

@@ -456,6 +456,17 @@ class TaskService:
             )
             return await self._view(conn, task_id)
 
+    async def history(
+        self, task_id: str, *, tenant: str, up_to: int
+    ) -> tuple[TaskView, list[EventRow]]:
+        """The task of `tenant` and its first `up_to` events, read together (TaskNotFoundError
+        for another tenant's task, as for a missing one)."""
+        async with self._db.transaction() as conn:
+            view = await self._view(conn, task_id)
+            if view.task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            return view, await store.load_events(conn, task_id, after=0, limit=up_to)
+
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
         async with self._db.transaction() as conn:
             if await store.load_task(conn, task_id) is None:
@@ -646,10 +657,13 @@ class TaskService:
         with self._notifier.watching(keys):
             while True:
                 since = self._notifier.snapshot(keys)
-                view = await self.get(task_id)
+                async with self._db.transaction() as conn:  # the status only, until the end
+                    task = await store.load_task(conn, task_id)
+                if task is None:
+                    raise TaskNotFoundError(task_id)
                 remaining = deadline - loop.time()
-                if view.task.status in TERMINAL_TASK_STATES or remaining <= 0:
-                    return view
+                if task.status in TERMINAL_TASK_STATES or remaining <= 0:
+                    return await self.get(task_id)
                 # The cap is a safety net for a missed wake-up, not the normal path.
                 await self._notifier.wait(keys, since, within=min(remaining, 1.0))
 
