@@ -7,6 +7,7 @@ import asyncio
 import base64
 import logging
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,31 @@ async def test_nothing_is_written_when_no_webhook_is_configured(
             assert (await api.post("/v1/tasks", json=PLAN, headers=agent)).status_code == 202
         assert c.webhook is None
         assert await outbox(c) == []
+
+
+async def test_finished_requests_are_pruned_after_a_while(
+    database_url: str, tmp_path: Path
+) -> None:
+    with Sink() as sink:
+        tools = write_tools(tmp_path, [*TOOLS, PAY])
+        async with components_for(database_url, tools, **hook_settings(sink)) as c:
+            assert c.webhook is not None
+            now = datetime.now(UTC)
+            long_ago, yesterday = now - timedelta(days=8), now - timedelta(days=1)
+            rows = [  # delivered and given up long ago; delivered yesterday; still pending
+                {"delivered_at": long_ago, "given_up_at": None},
+                {"delivered_at": None, "given_up_at": long_ago},
+                {"delivered_at": yesterday, "given_up_at": None},
+                {"delivered_at": None, "given_up_at": None},
+            ]
+            async with c.db.transaction() as conn:
+                await conn.execute(
+                    webhook_outbox.insert(),
+                    [
+                        {"kind": "approval", "payload": {}, "created_at": now, "due_at": now, **r}
+                        for r in rows
+                    ],
+                )
+            assert await c.webhook.prune() == 2
+            left = await outbox(c)
+            assert sorted(row.delivered_at is None for row in left) == [False, True]

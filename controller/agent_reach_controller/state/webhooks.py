@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,11 @@ class WebhookTarget:
     backoff: RetryPolicy = field(
         default_factory=lambda: RetryPolicy(initial_interval=1.0, maximum_interval=300.0)
     )
+
+
+# Delivered and given-up requests stay this long (to look into), then the sender deletes them.
+KEEP_FINISHED = timedelta(days=7)
+PRUNE_EVERY_S = 600.0
 
 
 def approval_request(change: StepChange, task: TaskRow) -> dict[str, Any]:
@@ -208,12 +214,31 @@ class ApprovalWebhook:
                     sa.update(webhook_outbox).where(webhook_outbox.c.id == row.id).values(values)
                 )
 
+    async def prune(self, *, kept: timedelta = KEEP_FINISHED) -> int:
+        """Delete requests delivered or given up more than `kept` ago; returns how many."""
+        before = datetime.now(UTC) - kept
+        async with self._db.transaction() as conn:
+            done = await conn.execute(
+                sa.delete(webhook_outbox).where(
+                    sa.or_(
+                        webhook_outbox.c.delivered_at < before,
+                        webhook_outbox.c.given_up_at < before,
+                    )
+                )
+            )
+        return int(done.rowcount or 0)
+
     async def run_forever(self, *, interval: float = 0.5) -> None:
-        """Deliver due requests for the life of the process."""
+        """Deliver due requests for the life of the process; prune finished ones now and then."""
+        loop = asyncio.get_running_loop()
+        pruned_at = -math.inf
         while True:
             try:
                 while await self.deliver_due() > 0:
                     pass
+                if loop.time() - pruned_at >= PRUNE_EVERY_S:
+                    pruned_at = loop.time()
+                    await self.prune()
             except asyncio.CancelledError:
                 raise
             except Exception:
