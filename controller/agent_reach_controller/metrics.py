@@ -9,7 +9,6 @@ transaction is recorded only if that transaction reaches its commit. Names and l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -49,21 +48,10 @@ def _on_commit(conn: AsyncConnection, record: Callable[[], None]) -> None:
     before_commit(conn, hook)
 
 
-@dataclass(slots=True)
-class DispatchCounters:
-    """Plain in-process tallies of one dispatch service (tests and benchmarks read them)."""
-
-    leased: int = 0
-    results_accepted: int = 0
-    results_rejected: int = 0
-    leases_expired: int = 0
-    # Steps a rate limit sent back to the queue to wait for their bucket.
-    rate_limited: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
-
-
 class ControllerMetrics:
-    """Every metric one controller exports, in its own registry (several may share a process)."""
+    """Every metric one controller exports, in its own registry (several may share a process).
+
+    `total(name)` sums a metric's samples over its labels (tests read counts through it)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -133,6 +121,15 @@ class ControllerMetrics:
         )
 
     # -- dispatch -------------------------------------------------------------------------------
+
+    def total(self, name: str) -> float:
+        """The sum of a series' samples over all its labels (e.g. `agent_reach_steps_total`)."""
+        return sum(
+            sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+            if sample.name == name
+        )
 
     def leased(self, steps: Iterable[StepRow], *, now: datetime) -> None:
         """Schedule-to-start of attempts just handed to an executor (committed leases)."""

@@ -90,7 +90,7 @@ async def test_leases_keep_to_the_rate_and_refused_steps_wait_in_the_queue(
             assert busiest(times, window) <= 3 + 20 * window + 1e-6, window
         # The limit bit (12 steps beyond the burst at 20/s take 0.6 s), without idling long.
         assert 0.6 - 1e-3 <= times[-1] - times[0] <= 0.6 + 1.5
-        assert c.dispatch.counters.rate_limited > 0
+        assert c.dispatch.metrics.total("agent_reach_rate_limited_total") > 0
 
 
 async def test_each_key_value_has_its_own_bucket(database_url: str, tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_p
         assert [a.accepted for a in fresh] == [True]
         final = await c.tasks.get(view.task.task_id)
         assert final.steps[0].output == {"from": "fast"}
-        assert c.dispatch.counters.results_rejected == 1
+        assert c.dispatch.metrics.total("agent_reach_results_rejected_total") == 1
         rejected = [
             e for e in await c.tasks.events(view.task.task_id) if e.kind == "result_rejected"
         ]

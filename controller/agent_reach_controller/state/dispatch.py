@@ -19,7 +19,7 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.flow import breakers
 from agent_reach_controller.flow.ratelimits import Rate, bucket_key
-from agent_reach_controller.metrics import ControllerMetrics, DispatchCounters
+from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.state import approvals, claims, flow_store, store
 from agent_reach_controller.state.caps import CapService, TenantCapsLookup
 from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
@@ -135,7 +135,6 @@ class DispatchService:
         self._notifier = notifier
         self.timings = timings
         self._rng = random.Random()
-        self.counters = DispatchCounters()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
         # Admitted but not committed yet, and kept in total: a refresh's count cannot see the
@@ -349,7 +348,6 @@ class DispatchService:
                 return [], min([due, *paused] if due else paused, default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
-        self.counters.leased += len(claimed)
         claimed = await self._drop_refused(claimed, executor_id=executor_id)
         self.metrics.leased(claimed, now=now)
         return claimed, None
@@ -464,7 +462,6 @@ class DispatchService:
                 deferred[key] = claim.now + timedelta(seconds=later)
             await claims.defer_steps(conn, deferred)
             self.metrics.rate_limited(conn, [c.tool for c in candidates if c.key in deferred])
-            self.counters.rate_limited += len(deferred)
         return await claims.lease_steps(conn, picked, claim)
 
     async def poll(
@@ -596,7 +593,6 @@ class DispatchService:
         acks = []
         for result, change, reason in decided:
             if change is not None and change.step.id in moved:
-                self.counters.results_accepted += 1
                 acks.append(Ack(step_key=result.step_key, attempt=result.attempt, accepted=True))
                 continue
             acks.append(
@@ -636,9 +632,7 @@ class DispatchService:
                     )
                 ],
             )
-        self.counters.results_rejected += 1
         self.metrics.rejected(conn, reason)
-        self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
         log.info(
             "rejected a result for step key %s attempt %s from %s: %s",
             result.step_key,
@@ -668,7 +662,6 @@ class DispatchService:
             ),
             decide=decide_lease_expiry,
         )
-        self.counters.leases_expired += reaped
         self.metrics.leases_expired(reaped)
         if reaped:
             log.warning(
