@@ -2,13 +2,13 @@
 
 Dispatch calls one method per fact (a lease, applied results, settled steps, a deferral) and the
 background loop sets the gauges it reads from the database. What is observed inside a
-transaction is recorded only if that transaction reaches its commit. Names and labels are in
-`agent_reach.metrics`.
+transaction is recorded once that transaction has committed (never if it rolls back). Names and
+labels are in `agent_reach.metrics`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach import metrics as m
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
-from agent_reach_controller.db.engine import before_commit
+from agent_reach_controller.db.engine import after_commit
 from agent_reach_controller.state.outcomes import AttemptResult
 from agent_reach_controller.state.records import QueuedTool, StepChange, StepRow
 
@@ -39,13 +39,6 @@ def _reason(change: StepChange) -> str:
 
 def _exemplar(step: StepRow) -> dict[str, str]:
     return {m.TRACE_ID: step.trace_id}
-
-
-def _on_commit(conn: AsyncConnection, record: Callable[[], None]) -> None:
-    async def hook(_: AsyncConnection) -> None:
-        record()
-
-    before_commit(conn, hook)
 
 
 class ControllerMetrics:
@@ -150,7 +143,7 @@ class ControllerMetrics:
             for result, change in closed:
                 self._closed(change, result)
 
-        _on_commit(conn, record)
+        after_commit(conn, record)
 
     def settled(self, conn: AsyncConnection, changes: Sequence[StepChange]) -> None:
         """Steps the controller moved itself (lease expiry, a timeout, a refusal), at commit."""
@@ -160,7 +153,7 @@ class ControllerMetrics:
             for change in closed:
                 self._closed(change, None)
 
-        _on_commit(conn, record)
+        after_commit(conn, record)
 
     def _closed(self, change: StepChange, result: AttemptResult | None) -> None:
         step, outcome = change.step, _outcome(change.transition)
@@ -179,13 +172,13 @@ class ControllerMetrics:
             for tool in deferred:
                 self._rate_limited.labels(tool).inc()
 
-        _on_commit(conn, record)
+        after_commit(conn, record)
 
     def tool_paused(self, conn: AsyncConnection, tool: str) -> None:
-        _on_commit(conn, self._pauses.labels(tool).inc)
+        after_commit(conn, self._pauses.labels(tool).inc)
 
     def rejected(self, conn: AsyncConnection, reason: str) -> None:
-        _on_commit(conn, self._rejected.labels(reason).inc)
+        after_commit(conn, self._rejected.labels(reason).inc)
 
     def leases_expired(self, count: int) -> None:
         if count:

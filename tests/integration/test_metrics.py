@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent_reach_controller.api.app import create_app
+from agent_reach_controller.db.engine import before_commit
 from agent_reach_controller.db.schema import steps
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, background
@@ -305,3 +307,26 @@ async def test_a_running_controllers_scrape_passes_promtool(
         check=False,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+async def test_what_a_rolled_back_transaction_observed_is_not_counted(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        rejected = "agent_reach_results_rejected_total"
+
+        async def fail(_: Any) -> None:
+            raise RuntimeError("the commit never comes")
+
+        async def observe_then_fail() -> None:
+            async with c.db.transaction() as conn:
+                c.dispatch.metrics.rejected(conn, "duplicate")
+                before_commit(conn, fail)  # a later step of the commit fails
+
+        with pytest.raises(RuntimeError):
+            await observe_then_fail()
+        assert c.dispatch.metrics.total(rejected) == 0
+        async with c.db.transaction() as conn:
+            c.dispatch.metrics.rejected(conn, "duplicate")
+            assert c.dispatch.metrics.total(rejected) == 0  # not before the commit either
+        assert c.dispatch.metrics.total(rejected) == 1

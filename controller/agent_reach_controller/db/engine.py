@@ -16,6 +16,7 @@ from sqlalchemy.pool import StaticPool
 # Keys under this prefix in `conn.info` live for one transaction only.
 TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
+_AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
 CommitHook = Callable[[AsyncConnection], Awaitable[None]]
 AfterCommit = Callable[[], Awaitable[None]]
 # Told about every transaction of a Database just before it commits; what it returns runs once
@@ -26,6 +27,12 @@ CommitObserver = Callable[[AsyncConnection], Awaitable[AfterCommit | None]]
 def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
     """Run `hook(conn)` just before this transaction commits (not if it rolls back)."""
     conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
+
+
+def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
+    """Call `done()` once this transaction has committed (never if it rolls back or the commit
+    fails): for what must count only what really happened, such as metrics."""
+    conn.info.setdefault(_AFTER_COMMIT, []).append(done)
 
 
 def normalize_url(url: str) -> str:
@@ -110,7 +117,7 @@ class Database:
 
         Callbacks registered with `before_commit` run, in order, just before a successful
         commit (batched writes such as the event log use it); observers (`observe_commits`)
-        run before them, and what they return after the commit.
+        run before them, and what they return after the commit, after the `after_commit` ones.
         """
         committed: list[AfterCommit] = []
         async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
@@ -125,9 +132,12 @@ class Database:
                         committed.append(then)
                 for hook in info.get(_BEFORE_COMMIT, ()):
                     await hook(conn)
+                finished = list(info.get(_AFTER_COMMIT, ()))
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
                     del info[key]
+        for done in finished:
+            done()
         for then in committed:
             await then()
 
