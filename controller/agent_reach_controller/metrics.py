@@ -127,9 +127,8 @@ class ControllerMetrics:
     def leased(self, steps: Iterable[StepRow], *, now: datetime) -> None:
         """Schedule-to-start of attempts just handed to an executor (committed leases)."""
         for step in steps:
-            if step.queued_at is None:
+            if (due := step.due_at) is None:
                 continue
-            due = max(step.queued_at, step.not_before or step.queued_at)
             wait = max(0.0, (now - due).total_seconds())
             self._start.labels(step.tool).observe(wait, exemplar=_exemplar(step))
 

@@ -92,6 +92,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
         assert (dispatch.name, dispatch.kind) == (f"dispatch_step {TOOL}", "producer")
         assert dispatch.parent_span_id == root.span_id
         assert dispatch.attributes[telemetry.ATTEMPT] == attempt
+        assert dispatch.start_ns < dispatch.end_ns  # from due to leased: the time it queued
         execute = by_id[telemetry.execute_span_id(task_id, "e0", attempt)]
         assert execute.parent_span_id == dispatch.span_id
         assert execute.service == "agent-reach-executor"

@@ -162,10 +162,12 @@ def build_server(service: ExecutorService, address: str) -> tuple[Any, int, Any]
 
 
 def trace_dispatch(claimed: list[StepRow], *, executor_id: str) -> None:
-    """One span per attempt handed out: the hop from the task's trace to an executor."""
+    """One span per attempt handed out, from the attempt becoming due to its lease: the hop
+    from the task's trace to an executor."""
     if not tracing_enabled():
         return
     for step in claimed:
+        due = step.due_at
         with telemetry.span(
             f"{telemetry.DISPATCH} {step.tool}",
             trace_id=step.trace_id,
@@ -181,5 +183,6 @@ def trace_dispatch(claimed: list[StepRow], *, executor_id: str) -> None:
                 "rpc.system": "grpc",
                 "rpc.method": "PollSteps",
             },
+            start_time_ns=int(due.timestamp() * 1e9) if due is not None else None,
         ):
             pass

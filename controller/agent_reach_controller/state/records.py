@@ -53,6 +53,13 @@ class StepRow:
     # attempt was queued), for the schedule-to-start metric.
     queued_at: datetime | None = None
 
+    @property
+    def due_at(self) -> datetime | None:
+        """When a just-leased attempt became due: queued, and past its backoff or hold."""
+        if self.queued_at is None:
+            return None
+        return max(self.queued_at, self.not_before or self.queued_at)
+
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
         values = dict(row)
