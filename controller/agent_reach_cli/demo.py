@@ -127,8 +127,17 @@ async def run_demo(base_url: str, *, api_key: str) -> None:
             print(_describe(response.json()), flush=True)
 
 
-def print_quick_start(base_url: str, *, api_key: str, demo_mode: bool) -> None:
+def print_quick_start(
+    base_url: str, *, api_key: str, demo_mode: bool, executor: tuple[str, str] | None = None
+) -> None:
+    """`executor`: (gRPC address, pool token) for executors started by hand against it."""
     plan = json.dumps(umbrella_plan("Wuhan"))
+    more = (
+        "An executor pool token, for more executors started by hand:\n\n"
+        f"  reach executor --controller {executor[0]} --token {executor[1]}\n\n"
+        if executor is not None
+        else ""
+    )
     print(
         f"\nAgent-Reach is up: REST {base_url} (OpenAPI at {base_url}/docs)\n"
         f"A dev API key (tenant default, role admin), shown once:\n\n  {api_key}\n\n"
@@ -137,6 +146,7 @@ def print_quick_start(base_url: str, *, api_key: str, demo_mode: bool) -> None:
         f"  curl -s -X POST '{base_url}/v1/tasks?wait=10' -H 'Content-Type: application/json' \\\n"
         '       -H "Authorization: Bearer $AGENT_REACH_API_KEY" \\\n'
         f"       -d '{plan}'\n\n"
+        + more
         + ("" if demo_mode else "(start with --demo to get the demo tools)\n")
         + "Press Ctrl-C to stop.",
         flush=True,

@@ -10,6 +10,7 @@ from typing import Any
 from agent_reach_cli import (
     audit_commands,
     client_commands,
+    executor_commands,
     key_commands,
     process_commands,
     replay_commands,
@@ -31,7 +32,21 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
     p.add_argument(
         "--policy", help=f"permission matrix YAML (roles → tools → actions; {env}POLICY)"
     )
-    p.add_argument("--lease-seconds", type=float, help=f"step lease length ({env}LEASE_SECONDS)")
+    p.add_argument(
+        "--lease-seconds",
+        type=float,
+        help=f"how long a silent executor keeps its leases (default 6; {env}LEASE_SECONDS)",
+    )
+    p.add_argument(
+        "--executor-auth",
+        choices=["token", "off"],
+        help=f"'off' admits executors without a token: only for upgrades ({env}EXECUTOR_AUTH)",
+    )
+    p.add_argument(
+        "--executor-tokens",
+        metavar="FILE",
+        help=f"provisioned executor pools, by token hash ({env}EXECUTOR_TOKENS)",
+    )
     p.add_argument("--ready-file", help="write the bound addresses here as JSON once listening")
     p.add_argument("--log-format", choices=["json", "text"], help=f"({env}LOG_FORMAT)")
     if dev:
@@ -43,6 +58,30 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
         p.add_argument(
             "--migrate", action="store_true", default=None, help="apply migrations at start"
         )
+
+
+EXECUTOR_HELP = "run an executor that pulls steps over gRPC"
+
+
+def _add_executor_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--controller",
+        help="controller gRPC HOST:PORT, several comma-separated, or dns:///NAME:PORT "
+        "(AGENT_REACH_EXECUTOR_CONTROLLER)",
+    )
+    p.add_argument("--token", help="the pool's executor token (AGENT_REACH_EXECUTOR_TOKEN)")
+    p.add_argument("--tls-ca", help="CA of the controller's certificate: use TLS (…_TLS_CA)")
+    p.add_argument("--tls-cert", help="client certificate, for mutual TLS (…_TLS_CERT)")
+    p.add_argument("--tls-key", help="its private key (…_TLS_KEY)")
+    p.add_argument("--tls-server-name", help="name expected in the controller's certificate")
+    p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (AGENT_REACH_EXECUTOR_METRICS)",
+    )
+    p.add_argument("--connectors", help="comma-separated connector names (default: all installed)")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
 
 
 def _add_trace_parser(sub: Any) -> None:
@@ -75,18 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_controller_flags(p, dev=True)
     p = add("controller", process_commands.controller, "run a controller (REST + gRPC)")
     _add_controller_flags(p, dev=False)
-    p = add("executor", process_commands.executor, "run an executor that pulls steps over gRPC")
-    p.add_argument(
-        "--controller", help="controller gRPC HOST:PORT (AGENT_REACH_EXECUTOR_CONTROLLER)"
-    )
-    p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
-    p.add_argument(
-        "--metrics",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (AGENT_REACH_EXECUTOR_METRICS)",
-    )
-    p.add_argument("--connectors", help="comma-separated connector names (default: all installed)")
-    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    _add_executor_flags(add("executor", process_commands.executor, EXECUTOR_HELP))
     p = add("migrate", process_commands.migrate, "apply (or roll back) database migrations")
     p.add_argument("--database-url", help="(AGENT_REACH_CONTROLLER_DATABASE_URL)")
     p.add_argument("--revision", default="head", help="target revision (default head)")
@@ -130,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace_parser(sub)
     replay_commands.add_parser(sub)
     key_commands.add_parsers(sub)
+    executor_commands.add_parser(sub)
     return parser
 
 

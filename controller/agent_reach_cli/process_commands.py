@@ -53,6 +53,8 @@ def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
         "ready_file",
         "log_format",
         "migrate",
+        "executor_auth",
+        "executor_tokens",
     )
     values.update(overrides)
     return ControllerSettings(**values)
@@ -70,7 +72,17 @@ def controller(args: argparse.Namespace) -> int:
 def executor(args: argparse.Namespace) -> int:
     from agent_reach_executor import ExecutorSettings, run_executor
 
-    values = _given(args, "controller", "slots", "metrics")
+    values = _given(
+        args,
+        "controller",
+        "slots",
+        "metrics",
+        "token",
+        "tls_ca",
+        "tls_cert",
+        "tls_key",
+        "tls_server_name",
+    )
     if args.connectors:
         values["connectors"] = [c.strip() for c in args.connectors.split(",") if c.strip()]
     settings = ExecutorSettings(**values)
@@ -117,6 +129,8 @@ def dev(args: argparse.Namespace) -> int:
 
 
 async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.Event) -> None:
+    from pydantic import SecretStr
+
     from agent_reach_cli import demo
     from agent_reach_controller.server import running_controller
     from agent_reach_executor import ExecutorSettings, run_executor
@@ -129,10 +143,17 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
         _, api_key = await components.keys.create(
             name="dev", tenant="default", roles=["admin"], created_by="reach dev"
         )
+        # The in-process executor authenticates like any other, with a pool token of its own.
+        _, executor_token = await components.pools.create(name="dev", created_by="reach dev")
         executor_stop = asyncio.Event()
         worker = asyncio.create_task(
             run_executor(
-                ExecutorSettings(controller=bound.grpc, slots=slots, drain_grace=5.0),
+                ExecutorSettings(
+                    controller=bound.grpc,
+                    slots=slots,
+                    drain_grace=5.0,
+                    token=SecretStr(executor_token),
+                ),
                 stop=executor_stop,
                 handle_signals=False,
             ),
@@ -141,7 +162,12 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
         try:
             if demo_mode:
                 await demo.run_demo(f"http://{bound.http}", api_key=api_key)
-            demo.print_quick_start(f"http://{bound.http}", api_key=api_key, demo_mode=demo_mode)
+            demo.print_quick_start(
+                f"http://{bound.http}",
+                api_key=api_key,
+                demo_mode=demo_mode,
+                executor=(bound.grpc, executor_token),
+            )
             # Stop on a signal, or when the executor ends by itself (its error is raised below).
             stopping = asyncio.create_task(stop.wait())
             await asyncio.wait({stopping, worker}, return_when=asyncio.FIRST_COMPLETED)

@@ -108,20 +108,35 @@ class ControllerMetrics:
         )
         self._rejected = Counter(
             m.RESULTS_REJECTED,
-            "Results not applied: from an older attempt or lease (stale_lease), or repeated.",
+            "Results and heartbeats not applied: for an older attempt (stale_lease), repeated, "
+            "or quoting a lease the caller does not hold (not_lease_holder).",
+            [m.REASON],
+            registry=r,
+        )
+        self._auth_failures = Counter(
+            m.EXECUTOR_AUTH_FAILURES,
+            "Executor calls refused: no_credentials, bad_token, bad_session, session_ended, "
+            "out_of_scope.",
+            [m.REASON],
+            registry=r,
+        )
+        self._sessions_ended = Counter(
+            m.EXECUTOR_SESSIONS_ENDED,
+            "Executor sessions ended, and their leases released: expired, revoked, replaced.",
             [m.REASON],
             registry=r,
         )
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def total(self, name: str) -> float:
-        """The sum of a series' samples over all its labels (e.g. `agent_reach_steps_total`)."""
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of a series' samples over its labels, or those matching `labels`
+        (e.g. `total("agent_reach_results_rejected_total", reason="stale_lease")`)."""
         return sum(
             sample.value
             for family in self.registry.collect()
             for sample in family.samples
-            if sample.name == name
+            if sample.name == name and labels.items() <= sample.labels.items()
         )
 
     def leased(self, steps: Iterable[StepRow], *, now: datetime) -> None:
@@ -178,6 +193,13 @@ class ControllerMetrics:
 
     def rejected(self, conn: AsyncConnection, reason: str) -> None:
         after_commit(conn, self._rejected.labels(reason).inc)
+
+    def auth_failed(self, reason: str) -> None:
+        self._auth_failures.labels(reason).inc()
+
+    def sessions_ended(self, reason: str, count: int) -> None:
+        if count:
+            self._sessions_ended.labels(reason).inc(count)
 
     def leases_expired(self, count: int) -> None:
         if count:

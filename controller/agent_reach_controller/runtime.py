@@ -7,15 +7,16 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import make_url
 
 from agent_reach_controller import audit
 from agent_reach_controller.db import migrate
-from agent_reach_controller.db.engine import Database
+from agent_reach_controller.db.engine import STORAGE_DOWN, Database
 from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
+from agent_reach_controller.identity.pools import PoolTokenService, TokenFile
 from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.settings import ControllerSettings
@@ -29,6 +30,7 @@ from agent_reach_controller.state.limiter import (
 )
 from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
 from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.sessions import SessionService
 from agent_reach_controller.state.tasks import TaskService
 from agent_reach_controller.state.webhooks import ApprovalWebhook, WebhookTarget
 from agent_reach_controller.tools.catalog import ToolCatalog
@@ -51,6 +53,8 @@ class Components:
     dispatch: DispatchService
     limiter: RateLimiter
     keys: KeyService
+    pools: PoolTokenService  # executor pool tokens
+    sessions: SessionService  # executor sessions
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
     webhook: ApprovalWebhook | None = None
@@ -131,6 +135,8 @@ async def open_components(settings: ControllerSettings) -> Components:
     )
     limiter = _limiter(settings, db)
     keys = KeyService(db)
+    pools = PoolTokenService(db, file=TokenFile.load(settings.executor_tokens))
+    sessions = SessionService(db, liveness=timedelta(seconds=settings.lease_seconds))
     policy = load_policy(settings.policy)
     dispatch = DispatchService(
         db=db,
@@ -146,6 +152,7 @@ async def open_components(settings: ControllerSettings) -> Components:
             grants=Grants(keys, policy),
             tenant_caps=policy.caps_for,
             metrics=ControllerMetrics(),
+            sessions=sessions,
         ),
     )
     return Components(
@@ -157,6 +164,8 @@ async def open_components(settings: ControllerSettings) -> Components:
         dispatch=dispatch,
         limiter=limiter,
         keys=keys,
+        pools=pools,
+        sessions=sessions,
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
         webhook=webhook,
@@ -166,8 +175,12 @@ async def open_components(settings: ControllerSettings) -> Components:
 async def reap_forever(components: Components) -> None:
     """The lease reaper: every replica runs it; row locks keep them from colliding."""
     interval = min(components.settings.reap_interval_seconds, components.settings.lease_seconds / 4)
+    prune_every = 600.0
+    pruned_at = 0.0
+    loop = asyncio.get_running_loop()
     while True:
         try:
+            await components.dispatch.leases.reap_sessions()
             await components.dispatch.reap_expired()
             await components.dispatch.expire_unstarted()
             await components.dispatch.fail_fast_open()
@@ -176,8 +189,14 @@ async def reap_forever(components: Components) -> None:
             await components.dispatch.refresh_queue_depth()
             await _observe_breakers(components)
             await audit.seal(components.db, limit=10_000)
+            if loop.time() - pruned_at > prune_every:
+                pruned_at = loop.time()
+                await components.sessions.prune(before=datetime.now(UTC) - timedelta(days=1))
         except asyncio.CancelledError:
             raise
+        except STORAGE_DOWN:
+            components.dispatch.leases.storage_down()
+            log.warning("lease reaper: storage unavailable", extra={"event": "storage_down"})
         except Exception:
             log.exception("lease reaper failed; retrying", extra={"event": "reaper_error"})
         await asyncio.sleep(interval)

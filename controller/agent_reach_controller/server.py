@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 
 from agent_reach.addresses import split_address
 from agent_reach_controller.api.app import create_app
+from agent_reach_controller.rpc import tls
 from agent_reach_controller.rpc.servicer import ExecutorService, build_server
 from agent_reach_controller.runtime import Components, background, open_components
 from agent_reach_controller.settings import ControllerSettings
@@ -61,8 +62,27 @@ async def running_controller(
     http_sock = _bind(settings.http)
     host, http_port = http_sock.getsockname()[:2]
     grpc_host, _ = split_address(settings.grpc)
-    service = ExecutorService(dispatch=components.dispatch, registry=components.registry)
-    grpc_server, grpc_port, health = build_server(service, settings.grpc)
+    service = ExecutorService(
+        dispatch=components.dispatch,
+        registry=components.registry,
+        pools=components.pools,
+        auth=settings.executor_auth,
+        peer_pool=tls.peer_pool if settings.grpc_client_ca is not None else None,
+    )
+    if settings.executor_auth == "off":
+        log.warning(
+            "executor authentication is OFF: any process that reaches %s can run steps",
+            settings.grpc,
+            extra={"event": "executor_auth_off"},
+        )
+    credentials = (
+        tls.server_credentials(
+            cert=settings.tls_cert, key=settings.tls_key, client_ca=settings.grpc_client_ca
+        )
+        if settings.tls_cert is not None and settings.tls_key is not None
+        else None
+    )
+    grpc_server, grpc_port, health = build_server(service, settings.grpc, credentials=credentials)
     await grpc_server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set("agent_reach.v1.ExecutorService", health_pb2.HealthCheckResponse.SERVING)
@@ -74,6 +94,8 @@ async def running_controller(
         loop="none",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=settings.http_keep_alive_seconds,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
     )
     http_server = _Server(config)
     http_task = asyncio.create_task(http_server.serve(sockets=[http_sock]), name="http")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SQLITE = "sqlite:///.reach/reach.db"
@@ -32,7 +32,33 @@ class ControllerSettings(BaseSettings):
     )
     redis_url: SecretStr | None = None
     migrate: bool = Field(False, description="Apply database migrations at start")
-    lease_seconds: float = Field(30.0, gt=0)
+    lease_seconds: float = Field(
+        6.0,
+        gt=0,
+        description="How long an executor's leases outlive its last heartbeat (it beats every "
+        "quarter of this): a dead executor's steps run elsewhere about this long after it died",
+    )
+    executor_auth: str = Field(
+        "token",
+        pattern="^(token|off)$",
+        description="'token': executors must present a pool token (or a client certificate); "
+        "'off': executors without one may run anything (only for a rolling upgrade from a "
+        "release without executor tokens)",
+    )
+    tls_cert: Path | None = Field(
+        None, description="Serve REST and gRPC over TLS with this certificate (PEM)"
+    )
+    tls_key: Path | None = Field(None, description="The certificate's private key (PEM)")
+    grpc_client_ca: Path | None = Field(
+        None,
+        description="Mutual TLS on gRPC: executors must present a certificate this CA signed; "
+        "a URI SAN urn:agent-reach:pool:<name> makes it a member of that pool (no token needed)",
+    )
+    executor_tokens: Path | None = Field(
+        None,
+        description="Provisioned executor pools: YAML {tokens: [{name, sha256, connectors, "
+        "tools, tenant}]} holding only the SHA-256 of each token (a Kubernetes Secret)",
+    )
     max_poll_wait_seconds: float = Field(20.0, gt=0)
     reap_interval_seconds: float = Field(1.0, gt=0)
     max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
@@ -82,6 +108,14 @@ class ControllerSettings(BaseSettings):
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> ControllerSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.grpc_client_ca is not None and self.tls_cert is None:
+            raise ValueError("grpc_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return self
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from agent_reach_connectors.base import Connector, load_connectors
-from agent_reach_executor.client import ControllerClient
+from agent_reach_executor.client import ControllerClient, Tls
 from agent_reach_executor.metrics import serving
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
@@ -43,6 +43,8 @@ async def run_executor(
         async with ControllerClient(
             settings.controller,
             executor_id=settings.executor_id,
+            token=settings.token.get_secret_value() if settings.token else None,
+            tls=_tls(settings),
             reconnect_initial=settings.reconnect_initial,
             reconnect_maximum=settings.reconnect_maximum,
         ) as client:
@@ -57,6 +59,17 @@ async def run_executor(
                 await worker.run(stop)
     finally:
         await _close_all(started)
+
+
+def _tls(settings: ExecutorSettings) -> Tls | None:
+    if settings.tls_ca is None:
+        return None
+    return Tls(
+        ca=settings.tls_ca,
+        cert=settings.tls_cert,
+        key=settings.tls_key,
+        server_name=settings.tls_server_name,
+    )
 
 
 @contextlib.contextmanager

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import random
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import grpc
 
+from agent_reach.addresses import split_address
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 
@@ -34,6 +39,8 @@ class LeaseKey:
 
     step_key: int
     attempt: int
+    # Bound to this executor's session by the controller; empty from one that predates sessions.
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +50,11 @@ class Registration:
     lease_s: float
     heartbeat_interval_s: float
     max_poll_wait_s: float
+    # The session credential to quote on every call (empty from a controller without sessions),
+    # its public id and the pool it belongs to.
+    session: str = ""
+    session_id: str = ""
+    pool: str = ""
 
     def with_defaults(self, *, poll_wait: float) -> Registration:
         """Timings a controller left at zero replaced with safe values."""
@@ -51,6 +63,9 @@ class Registration:
             lease_s=lease_s,
             heartbeat_interval_s=self.heartbeat_interval_s or lease_s / 3,
             max_poll_wait_s=self.max_poll_wait_s or poll_wait,
+            session=self.session,
+            session_id=self.session_id,
+            pool=self.pool,
         )
 
 
@@ -142,6 +157,66 @@ class ControllerError(Exception):
         self.details = details
         self.transient = transient
 
+    @property
+    def session_ended(self) -> bool:
+        """The controller ended this executor's session (expired, revoked): register again."""
+        return self.code == "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tls:
+    """TLS to the controller: the CA that signed its certificate, and this executor's own
+    certificate and key for mutual TLS (PEM files)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+    # Expect this name in the controller's certificate instead of the target's host.
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca.read_bytes(),
+            private_key=self.key.read_bytes() if self.key else None,
+            certificate_chain=self.cert.read_bytes() if self.cert else None,
+        )
+
+
+def channel_target(controller: str) -> str:
+    """A gRPC target reaching every controller replica named.
+
+    `dns:///name:port` (a Kubernetes headless Service) resolves to every replica and follows
+    changes; `a:port,b:port` lists them (names resolved once, at start); one `host:port` is one.
+    Calls are spread round robin over the replicas that answer, so a dead one costs a retry.
+    """
+    if "://" in controller or "," not in controller:
+        return controller
+    addresses = []
+    for part in (p.strip() for p in controller.split(",") if p.strip()):
+        host, port = split_address(part)
+        addresses.extend(_resolve(host, port))
+    if all(a.version == 4 for a, _ in addresses):
+        return "ipv4:" + ",".join(f"{a}:{port}" for a, port in addresses)
+    return "ipv6:" + ",".join(
+        f"[{a if a.version == 6 else ipaddress.IPv6Address('::ffff:' + str(a))}]:{port}"
+        for a, port in addresses
+    )
+
+
+def _resolve(
+    host: str, port: int
+) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    try:
+        return [(ipaddress.ip_address(host), port)]
+    except ValueError:
+        pass
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    seen = dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos)
+    return [(address, port) for address in seen]
+
+
+_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
 
 class Backoff:
     """Capped exponential backoff with jitter (each delay is 50-100% of the nominal one)."""
@@ -171,11 +246,11 @@ class Backoff:
 
 
 def lease_to_proto(lease: LeaseKey) -> pb.LeaseRef:
-    return pb.LeaseRef(step_key=lease.step_key, attempt=lease.attempt)
+    return pb.LeaseRef(step_key=lease.step_key, attempt=lease.attempt, token=lease.token)
 
 
 def lease_from_proto(msg: pb.LeaseRef) -> LeaseKey:
-    return LeaseKey(step_key=msg.step_key, attempt=msg.attempt)
+    return LeaseKey(step_key=msg.step_key, attempt=msg.attempt, token=msg.token)
 
 
 def assignment_from_proto(msg: pb.StepAssignment) -> Assignment:
@@ -249,10 +324,15 @@ class ControllerClient:
         target: str,
         *,
         executor_id: str,
+        token: str | None = None,
+        tls: Tls | None = None,
         reconnect_initial: float = 0.1,
         reconnect_maximum: float = 5.0,
     ) -> None:
         self.executor_id = executor_id
+        # The pool token goes with every call; the session credential, once registered.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.session = ""
         # The channel's own reconnect backoff defaults to 1 s..120 s, which would leave a restarted
         # controller unused for minutes; align it with the worker's backoff.
         options = [
@@ -264,8 +344,21 @@ class ControllerClient:
             # and re-leased on every poll until their attempts ran out. Match the controller.
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Every replica the target names, round robin; a dead one is skipped once noticed.
+            ("grpc.service_config", _ROUND_ROBIN),
+            ("grpc.dns_min_time_between_resolutions_ms", 1000),
+            # Notice a controller that vanished (power loss) in seconds, not at the TCP timeout.
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
         ]
-        self._channel = grpc.aio.insecure_channel(target, options=options)
+        if tls is not None and tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        channel_to = channel_target(target)
+        self._channel = (
+            grpc.aio.secure_channel(channel_to, tls.credentials(), options=options)
+            if tls is not None
+            else grpc.aio.insecure_channel(channel_to, options=options)
+        )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> Self:
@@ -289,27 +382,46 @@ class ControllerClient:
             executor_id=self.executor_id, connectors=connectors, slots=slots, version=version
         )
         reply: pb.RegisterResponse = await self._call("Register", request, deadline_s)
+        self.session = reply.session
         return Registration(
             lease_s=reply.lease_ms / 1000,
             heartbeat_interval_s=reply.heartbeat_interval_ms / 1000,
             max_poll_wait_s=reply.max_poll_wait_ms / 1000,
+            session=reply.session,
+            session_id=reply.session_id,
+            pool=reply.pool,
         )
 
     async def poll_steps(
-        self, connectors: Sequence[str], *, max_steps: int, wait_s: float, deadline_s: float
+        self,
+        connectors: Sequence[str],
+        *,
+        max_steps: int,
+        wait_s: float,
+        deadline_s: float,
+        poll_seq: int = 0,
     ) -> list[Assignment]:
         request = pb.PollStepsRequest(
             executor_id=self.executor_id,
             connectors=connectors,
             max_steps=max_steps,
             wait_ms=int(wait_s * 1000),
+            session=self.session,
+            poll_seq=poll_seq,
         )
         reply: pb.PollStepsResponse = await self._call("PollSteps", request, deadline_s)
         return [assignment_from_proto(step) for step in reply.steps]
 
-    async def heartbeat(self, leases: Sequence[LeaseKey], *, deadline_s: float) -> HeartbeatReply:
+    async def heartbeat(
+        self, leases: Sequence[LeaseKey], *, deadline_s: float, polls_completed: int = 0
+    ) -> HeartbeatReply:
+        """`polls_completed`: every poll up to this seq has finished; a lease they handed out
+        that is not in `leases` is not held (its reply was lost), and the controller frees it."""
         request = pb.HeartbeatRequest(
-            executor_id=self.executor_id, leases=[lease_to_proto(x) for x in leases]
+            executor_id=self.executor_id,
+            leases=[lease_to_proto(x) for x in leases],
+            session=self.session,
+            polls_completed=polls_completed,
         )
         reply: pb.HeartbeatResponse = await self._call("Heartbeat", request, deadline_s)
         return heartbeat_from_proto(reply)
@@ -318,14 +430,18 @@ class ControllerClient:
         self, results: Sequence[StepResult], *, deadline_s: float
     ) -> list[ResultAck]:
         request = pb.ReportResultsRequest(
-            executor_id=self.executor_id, results=[result_to_proto(r) for r in results]
+            executor_id=self.executor_id,
+            results=[result_to_proto(r) for r in results],
+            session=self.session,
         )
         reply: pb.ReportResultsResponse = await self._call("ReportResults", request, deadline_s)
         return [ack_from_proto(ack) for ack in reply.acks]
 
     async def _call(self, method: str, request: Any, deadline_s: float) -> Any:
         try:
-            return await getattr(self._stub, method)(request, timeout=deadline_s)
+            return await getattr(self._stub, method)(
+                request, timeout=deadline_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             raise ControllerError(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent_reach.addresses import split_address
@@ -23,7 +24,24 @@ class ExecutorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_REACH_EXECUTOR_", frozen=True)
 
-    controller: str = Field(default="127.0.0.1:50051", description="Controller gRPC host:port.")
+    controller: str = Field(
+        default="127.0.0.1:50051",
+        description="Controller gRPC HOST:PORT; several comma-separated, or dns:///NAME:PORT "
+        "(a headless Service) to reach every replica, round robin.",
+    )
+    token: SecretStr | None = Field(
+        default=None, description="The executor pool's token (`reach executors create-token`)."
+    )
+    tls_ca: Path | None = Field(
+        default=None, description="CA certificate (PEM) of the controller: connect with TLS."
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="This executor's client certificate (PEM), for mutual TLS."
+    )
+    tls_key: Path | None = Field(default=None, description="Its private key (PEM).")
+    tls_server_name: str | None = Field(
+        default=None, description="Name to expect in the controller's certificate."
+    )
     slots: PositiveInt = Field(default=8, description="Steps run at once.")
     connectors: Annotated[list[str] | None, NoDecode] = Field(
         default=None,
@@ -48,6 +66,14 @@ class ExecutorSettings(BaseSettings):
         description="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free "
         "port); off when unset.",
     )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> ExecutorSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("a client certificate needs tls_ca (mutual TLS is TLS)")
+        return self
 
     @field_validator("metrics")
     @classmethod

@@ -114,6 +114,12 @@ class Worker:
         self._reports_idle = asyncio.Event()
         self._reports_idle.set()
         self._counts = {"started": 0, "finished": 0, "accepted": 0, "rejected": 0}
+        # Polls are numbered within a session; heartbeats say up to which one all have ended, so
+        # the controller frees leases whose reply never arrived (lost with a controller).
+        self._poll_seq = 0
+        self._polls_completed = 0
+        # Set when the controller ended our session: the poll loop registers again.
+        self._session_ended = asyncio.Event()
         self.metrics = ExecutorMetrics(slots=settings.slots)
 
     @property
@@ -175,14 +181,23 @@ class Worker:
                     return False
                 continue
             self._registration = registration.with_defaults(poll_wait=self._settings.poll_wait)
+            self._poll_seq = self._polls_completed = 0
+            self._session_ended.clear()
             log.info(
-                "executor %s registered with %s: connectors %s, %d slots, lease %.1fs",
+                "executor %s registered with %s (pool %s, session %s): connectors %s, %d slots, "
+                "lease %.1fs",
                 self._client.executor_id,
                 self._settings.controller,
+                registration.pool or "-",
+                registration.session_id or "-",
                 ",".join(self._connectors),
                 self._settings.slots,
                 self._registration.lease_s,
-                extra={"event": "executor_registered", "executor_id": self._client.executor_id},
+                extra={
+                    "event": "executor_registered",
+                    "executor_id": self._client.executor_id,
+                    "session": registration.session_id,
+                },
             )
             return True
         return False
@@ -190,24 +205,33 @@ class Worker:
     async def _poll_loop(self, stop: asyncio.Event) -> None:
         backoff = self._backoff()
         while not stop.is_set():
+            if self._session_ended.is_set() and not await self._register(stop):
+                return
             free = self._settings.slots - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
                 await _until_stopped(stop, self._slot_freed.wait())
                 continue
             wait_s = min(self._settings.poll_wait, self._registration.max_poll_wait_s)
+            self._poll_seq += 1
             poll = self._client.poll_steps(
-                self._connectors, max_steps=free, wait_s=wait_s, deadline_s=wait_s + _POLL_MARGIN_S
+                self._connectors,
+                max_steps=free,
+                wait_s=wait_s,
+                deadline_s=wait_s + _POLL_MARGIN_S,
+                poll_seq=self._poll_seq,
             )
             try:
                 assignments = await _until_stopped(stop, poll)
             except ControllerError as exc:
+                self._polls_completed = self._poll_seq
+                if exc.session_ended:
+                    self._end_session(exc)
+                    continue
                 if not await _sleep_unless_stopped(stop, self._log_failure(exc, backoff)):
                     return
-                # The controller may have restarted or forgotten us: announce ourselves again.
-                if not await self._register(stop):
-                    return
                 continue
+            self._polls_completed = self._poll_seq
             backoff.reset()
             for assignment in assignments or ():
                 self._start(assignment)
@@ -286,20 +310,45 @@ class Worker:
             extra={**held.assignment.log_extra("step_dropped"), "reason": reason},
         )
 
+    def _end_session(self, exc: ControllerError) -> None:
+        """The controller ended our session (it expired or its token was revoked): its leases
+        are already back in the queue, so stop their steps and forget their results."""
+        if self._session_ended.is_set():
+            return
+        log.error(
+            "the controller ended this executor's session (%s); dropping %d leases and "
+            "registering again",
+            exc.details,
+            len(self._held),
+            extra={"event": "session_ended", "method": exc.method},
+        )
+        for lease in list(self._held):
+            self._drop(lease, reason="lost with the session")
+        self._session_ended.set()
+        self._slot_freed.set()
+
     # -- heartbeats -------------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
+        """One beat per interval keeps the session, and with it every lease, alive."""
         failing_since: float | None = None
         while True:
             await asyncio.sleep(self._registration.heartbeat_interval_s)
-            leases = list(self._held)
-            if not leases:
+            if self._session_ended.is_set():
                 continue
+            leases = list(self._held)
+            if not leases and not self._registration.session:
+                continue  # a controller without sessions has nothing to keep alive
             try:
                 # An answer later than half a lease is worthless: give up and try the next beat.
                 deadline_s = min(self._settings.rpc_timeout, self._registration.lease_s / 2)
-                reply = await self._client.heartbeat(leases, deadline_s=deadline_s)
+                reply = await self._client.heartbeat(
+                    leases, deadline_s=deadline_s, polls_completed=self._polls_completed
+                )
             except ControllerError as exc:
+                if exc.session_ended:
+                    self._end_session(exc)
+                    continue
                 failing_since = failing_since or time.monotonic()
                 self._log_heartbeat_failure(exc, failing_for=time.monotonic() - failing_since)
                 continue
@@ -360,6 +409,9 @@ class Worker:
                     batch, deadline_s=self._settings.rpc_timeout
                 )
             except ControllerError as exc:
+                if exc.session_ended:
+                    self._end_session(exc)
+                    continue
                 # Keep them (minus any the controller dropped meanwhile) and retry.
                 self._pending[:0] = [r for r in batch if r.lease in self._held]
                 await asyncio.sleep(self._log_failure(exc, backoff))

@@ -23,6 +23,10 @@ TOOL_PAUSES: Final = "agent_reach_tool_pauses"  # counter {tool}: a downstream s
 BREAKER_STATE: Final = "agent_reach_breaker_state"  # gauge {tool}: see BREAKER_STATES
 LEASE_EXPIRATIONS: Final = "agent_reach_lease_expirations"  # counter
 RESULTS_REJECTED: Final = "agent_reach_results_rejected"  # counter {reason}
+# Executor calls refused before anything was read or applied: no or a bad credential, a session
+# that ended, or a connector outside the pool's scope.
+EXECUTOR_AUTH_FAILURES: Final = "agent_reach_executor_auth_failures"  # counter {reason}
+EXECUTOR_SESSIONS_ENDED: Final = "agent_reach_executor_sessions_ended"  # counter {reason}
 # Executor.
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
 EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}

@@ -16,11 +16,23 @@ from typing import Any
 
 import httpx
 
+from agent_reach_controller.identity import keys
 from agent_reach_controller.identity.keys import new_key
+from agent_reach_controller.identity.pools import token_hash
 
 REACH = [sys.executable, "-m", "agent_reach_cli.main"]
 # The admin key of test clusters (a controller's bootstrap key; never a real deployment's).
 TEST_API_KEY = new_key().token
+# The executor pool token of test clusters: controllers admit it through a provisioning file that
+# holds its hash, executors present it; executor authentication is on in every test cluster.
+TEST_EXECUTOR_TOKEN = new_key(keys.POOL_TOKEN_PREFIX).token
+
+
+def write_token_file(path: Path, *entries: dict[str, Any]) -> Path:
+    """A controller's `--executor-tokens` file: the test pool, plus `entries`."""
+    pools = [{"name": "test", "sha256": token_hash(TEST_EXECUTOR_TOKEN)}, *entries]
+    path.write_text(json.dumps({"tokens": pools}))
+    return path
 
 
 def wait_until(
@@ -71,10 +83,14 @@ class Cluster:
         self.workdir = workdir
         # Every controller accepts this admin key, and every `reach` client command sends it.
         self.api_key = TEST_API_KEY
+        self.executor_token = TEST_EXECUTOR_TOKEN
+        self.tokens_file = write_token_file(workdir / "executor-tokens.json")
         self.env = {
             **os.environ,
             "AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY": self.api_key,
             "AGENT_REACH_API_KEY": self.api_key,
+            "AGENT_REACH_CONTROLLER_EXECUTOR_TOKENS": str(self.tokens_file),
+            "AGENT_REACH_EXECUTOR_TOKEN": self.executor_token,
             **(env or {}),
         }
         self.procs: list[Proc] = []

@@ -84,8 +84,9 @@ class FaultCluster(Cluster):
         http: str = "127.0.0.1:0",
         grpc: str = "127.0.0.1:0",
         env: dict[str, str] | None = None,
-        lease_s: float = LEASE_S,
+        lease_s: float | None = LEASE_S,
     ) -> Proc:
+        """`lease_s=None`: the controller's default lease (what a deployment gets)."""
         ready = self.workdir / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         proc = self.spawn(
@@ -102,8 +103,7 @@ class FaultCluster(Cluster):
                 str(tools),
                 "--ready-file",
                 str(ready),
-                "--lease-seconds",
-                str(lease_s),
+                *(["--lease-seconds", str(lease_s)] if lease_s is not None else []),
                 "--log-format",
                 "json",
             ],
@@ -115,7 +115,10 @@ class FaultCluster(Cluster):
     def start_executor(
         self, name: str, *, grpc: str, slots: int, env: dict[str, str] | None = None
     ) -> Proc:
-        """An executor whose id is `name`; its http calls carry `X-Executor: name`."""
+        """An executor whose id is `name`; its http calls carry `X-Executor: name`.
+
+        `grpc` may list several controllers (`a:1,b:2`): the executor uses every one.
+        """
         proc = self.spawn(
             name,
             ["executor", "--controller", grpc, "--slots", str(slots), "--connectors", "http"],

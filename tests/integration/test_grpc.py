@@ -24,7 +24,7 @@ async def test_health_reflection_and_protocol(sqlite_url: str, tmp_path: Path) -
         grpc="127.0.0.1:0",
     )
     async with (
-        running_controller(settings) as (_, bound),
+        running_controller(settings) as (c, bound),
         grpc.aio.insecure_channel(bound.grpc) as channel,
     ):
         health = health_pb2_grpc.HealthStub(channel)
@@ -40,26 +40,39 @@ async def test_health_reflection_and_protocol(sqlite_url: str, tmp_path: Path) -
         assert "agent_reach.v1.ExecutorService" in names
 
         stub = pb_grpc.ExecutorServiceStub(channel)
+        _, token = await c.pools.create(name="test", created_by="test")
+        auth = (("authorization", f"Bearer {token}"),)
         registered = await stub.Register(
-            pb.RegisterRequest(executor_id="x", connectors=["echo"], slots=2)
+            pb.RegisterRequest(executor_id="x", connectors=["echo"], slots=2), metadata=auth
         )
         assert registered.lease_ms > registered.heartbeat_interval_ms > 0
+        assert registered.pool == "test"
+        session = registered.session
         with pytest.raises(grpc.aio.AioRpcError) as missing:
-            await stub.PollSteps(pb.PollStepsRequest(connectors=["echo"], max_steps=1))
+            await stub.Register(pb.RegisterRequest(connectors=["echo"]), metadata=auth)
         assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         bad = pb.StepResult(lease=pb.LeaseRef(step_key=1, attempt=1))
         with pytest.raises(grpc.aio.AioRpcError) as unspecified:
-            await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=[bad]))
+            await stub.ReportResults(
+                pb.ReportResultsRequest(executor_id="x", results=[bad], session=session),
+                metadata=auth,
+            )
         assert unspecified.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         unknown = pb.StepResult(
             lease=pb.LeaseRef(step_key=999, attempt=1),
             outcome=pb.OUTCOME_SUCCEEDED,
             output_json=b"{}",
         )
-        acks = await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=[unknown]))
+        acks = await stub.ReportResults(
+            pb.ReportResultsRequest(executor_id="x", results=[unknown], session=session),
+            metadata=auth,
+        )
         assert [(a.accepted, a.reason) for a in acks.acks] == [(False, "stale_lease")]
         empty = await stub.PollSteps(
-            pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=1, wait_ms=50)
+            pb.PollStepsRequest(
+                executor_id="x", connectors=["echo"], max_steps=1, wait_ms=50, session=session
+            ),
+            metadata=auth,
         )
         assert list(empty.steps) == []
 
@@ -89,8 +102,16 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
             SubmitInput(plan=parse_plan(body, c.catalog), request=body)
         )
         stub = pb_grpc.ExecutorServiceStub(channel)
+        _, token = await c.pools.create(name="test", created_by="test")
+        auth = (("authorization", f"Bearer {token}"),)
+        session = (
+            await stub.Register(
+                pb.RegisterRequest(executor_id="x", connectors=["echo"]), metadata=auth
+            )
+        ).session
         polled = await stub.PollSteps(
-            pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=4)
+            pb.PollStepsRequest(executor_id="x", connectors=["echo"], max_steps=4, session=session),
+            metadata=auth,
         )
         outputs = {
             "nan": b'{"x": NaN}',
@@ -104,7 +125,10 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
             )
             for a in polled.steps
         ]
-        acks = await stub.ReportResults(pb.ReportResultsRequest(executor_id="x", results=results))
+        acks = await stub.ReportResults(
+            pb.ReportResultsRequest(executor_id="x", results=results, session=session),
+            metadata=auth,
+        )
         assert [a.accepted for a in acks.acks] == [True] * 4
         view = await c.tasks.get(submitted.task_id)
         by_id = {s.step_id: s for s in view.steps}

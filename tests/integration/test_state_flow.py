@@ -164,7 +164,7 @@ async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_p
             e for e in await c.tasks.events(view.task.task_id) if e.kind == "result_rejected"
         ]
         assert [(e.attempt, e.data) for e in rejected] == [
-            (first.attempt, {"executor_id": "slow", "reason": "stale_lease"})
+            (first.attempt, {"executor_id": "slow", "reason": "stale_lease", "call": "report"})
         ]
 
 

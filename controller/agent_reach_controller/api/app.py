@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from agent_reach_controller.api import replay, tools
+from agent_reach_controller.api import executors, replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -280,6 +280,8 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(tools.catalogue)  # before `tools.router`: `/v1/tools:export` is no tool
     app.include_router(tools.router)
     app.include_router(keys_router)
+    app.include_router(executors.tokens_router)
+    app.include_router(executors.fleet_router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
     tools.install_handlers(app)

@@ -174,8 +174,12 @@ steps = sa.Table(
     sa.Column("approval", Json),
     sa.Column("decide_by", UtcDateTime()),
     sa.Column("not_before", UtcDateTime()),
+    # Who holds the lease: an executor session's id (`state/sessions.py`), whose liveness is the
+    # lease's; or, for holders without a session (in-process tests), `lease_expires_at` bounds it.
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UtcDateTime()),
+    # The holder's poll that took the lease (PollSteps.poll_seq), for heartbeat reconciliation.
+    sa.Column("lease_seq", sa.BigInteger()),
     sa.Column("idempotency_key", sa.String(160), nullable=False),
     sa.Column("output", Json),
     sa.Column("error", Json),
@@ -374,5 +378,55 @@ webhook_outbox = sa.Table(
         "due_at",
         postgresql_where=sa.text("delivered_at IS NULL AND given_up_at IS NULL"),
         sqlite_where=sa.text("delivered_at IS NULL AND given_up_at IS NULL"),
+    ),
+)
+
+# Executor pool credentials (`identity/pools.py`): `rxt_<token id>_<secret>`, stored as a hash;
+# the scope limits what a session opened with the token may lease (NULL: anything).
+executor_tokens = sa.Table(
+    "executor_tokens",
+    metadata,
+    sa.Column("token_id", sa.String(12), primary_key=True),
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    # The pool: several tokens may share one (rotation).
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("connectors", Json),
+    sa.Column("tools", Json),
+    sa.Column("tenant", sa.String(128)),
+    _now_column("created_at"),
+    sa.Column("created_by", sa.String(128), nullable=False),
+    sa.Column("revoked_at", UtcDateTime()),
+)
+
+# One row per executor process between Register and its end (`state/sessions.py`): leases belong
+# to a session and live while it does; it lives while its heartbeats keep `expires_at` ahead.
+executor_sessions = sa.Table(
+    "executor_sessions",
+    metadata,
+    # Public: shown in listings, events and logs. The credential is `xs_<id>_<secret>`.
+    sa.Column("id", sa.String(16), primary_key=True),
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    # Signs the session's lease tokens (HMAC), so any replica can check them without a column.
+    sa.Column("lease_key", sa.String(64), nullable=False),
+    # What authenticated it: a token id, "file:<name>", "cert:<pool>" or "anonymous".
+    sa.Column("credential", sa.String(160), nullable=False),
+    sa.Column("pool", sa.String(128), nullable=False),
+    sa.Column("scope", Json, nullable=False),
+    sa.Column("executor_id", sa.String(128), nullable=False),
+    sa.Column("connectors", Json, nullable=False),
+    sa.Column("slots", sa.Integer(), nullable=False),
+    sa.Column("version", sa.String(64), nullable=False),
+    _now_column("registered_at"),
+    _now_column("last_seen_at"),
+    _now_column("expires_at"),
+    sa.Column("ended_at", UtcDateTime()),
+    # "expired", "revoked", "registered_again" or "closed".
+    sa.Column("end_reason", sa.String(32)),
+    # The expiry sweep's index: only live sessions, by expiry.
+    sa.Index(
+        "ix_executor_sessions_live",
+        "expires_at",
+        postgresql_where=sa.text("ended_at IS NULL"),
+        sqlite_where=sa.text("ended_at IS NULL"),
     ),
 )

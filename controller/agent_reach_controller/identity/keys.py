@@ -13,7 +13,15 @@ import re
 import secrets
 from dataclasses import dataclass
 
-_KEY = re.compile(r"^ark_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+# API keys; executor pool tokens (`identity/pools.py`) and executor session credentials
+# (`state/sessions.py`) have the same shape under their own prefix.
+API_KEY_PREFIX = "ark"
+POOL_TOKEN_PREFIX = "rxt"
+SESSION_PREFIX = "xs"
+_PATTERNS = {
+    prefix: re.compile(rf"^{prefix}_([0-9a-f]{{12}})_([A-Za-z0-9_-]{{43}})$")
+    for prefix in (API_KEY_PREFIX, POOL_TOKEN_PREFIX, SESSION_PREFIX)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,19 +31,21 @@ class NewKey:
     token: str  # the whole key, to show once; never stored
 
 
-def new_key() -> NewKey:
+def new_key(prefix: str = API_KEY_PREFIX) -> NewKey:
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    return NewKey(key_id=key_id, secret_hash=hash_secret(secret), token=f"ark_{key_id}_{secret}")
+    return NewKey(
+        key_id=key_id, secret_hash=hash_secret(secret), token=f"{prefix}_{key_id}_{secret}"
+    )
 
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def parse(token: str) -> tuple[str, str] | None:
-    """(key id, secret) of a well-formed key, else None."""
-    match = _KEY.match(token.strip())
+def parse(token: str, prefix: str = API_KEY_PREFIX) -> tuple[str, str] | None:
+    """(key id, secret) of a well-formed key (or token) with this prefix, else None."""
+    match = _PATTERNS[prefix].match(token.strip())
     return (match.group(1), match.group(2)) if match else None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,10 +36,13 @@ def _attempt_timeout_ms(step: StepRow, timeouts: Timeouts, tool: ToolSpec) -> in
     return max(1, int(timeout * 1000))
 
 
-def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
+def assignment_to_proto(
+    step: StepRow, tool: ToolSpec, *, lease_token: str = "", expires_at: datetime | None = None
+) -> pb.StepAssignment:
+    """`lease_token` and `expires_at` for a session's lease (whose expiry is the session's)."""
     timeouts = Timeouts.effective(tool, step.timeouts)
     return pb.StepAssignment(
-        lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt),
+        lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt, token=lease_token),
         task_id=step.task_id,
         step_id=step.step_id,
         tool=step.tool,
@@ -53,7 +57,7 @@ def assignment_to_proto(step: StepRow, tool: ToolSpec) -> pb.StepAssignment:
         ),
         timeout_ms=_attempt_timeout_ms(step, timeouts, tool),
         heartbeat_timeout_ms=int((timeouts.heartbeat or 0) * 1000),
-        lease_expires_at_ms=to_ms(step.lease_expires_at),
+        lease_expires_at_ms=to_ms(expires_at or step.lease_expires_at),
         max_attempts=step.max_attempts,
     )
 
@@ -77,6 +81,11 @@ class BadResultError(ValueError):
 
 
 def result_from_proto(message: pb.StepResult) -> AttemptResult:
+    result = _result_from_proto(message)
+    return replace(result, lease_token=message.lease.token[:64])
+
+
+def _result_from_proto(message: pb.StepResult) -> AttemptResult:
     key, attempt = message.lease.step_key, message.lease.attempt
     started, finished = from_ms(message.started_at_ms), from_ms(message.finished_at_ms)
     if message.outcome == pb.OUTCOME_SUCCEEDED:

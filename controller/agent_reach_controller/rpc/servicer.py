@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -17,6 +19,7 @@ from agent_reach.telemetry import tracing_enabled
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_controller.db.engine import STORAGE_DOWN
+from agent_reach_controller.identity.pools import ANONYMOUS, PoolScope, PoolTokenService
 from agent_reach_controller.rpc.convert import (
     BadResultError,
     assignment_to_proto,
@@ -26,22 +29,46 @@ from agent_reach_controller.rpc.convert import (
 from agent_reach_controller.state.dispatch import DispatchService
 from agent_reach_controller.state.records import StepRow
 from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.sessions import (
+    Announcement,
+    Session,
+    SessionEndedError,
+    SessionService,
+)
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 
 
 Handler = Callable[[Any, Any, Any], Awaitable[Any]]
+# The pool a call's verified client certificate names, if any (mutual TLS; see `rpc/tls.py`).
+PeerPool = Callable[[Any], str | None]
 
 
-def _storage_unavailable(method: Handler) -> Handler:
-    """A lost database answers UNAVAILABLE (executors retry it), not UNKNOWN with a traceback."""
+def _guarded(method: Handler) -> Handler:
+    """Refusals answer their status (counted by reason); an ended session FAILED_PRECONDITION;
+    a lost database UNAVAILABLE (executors retry it), never UNKNOWN with a traceback."""
 
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: Any) -> Any:
         try:
             return await method(self, request, context)
+        except Refused as exc:
+            self._dispatch.metrics.auth_failed(exc.reason)
+            log.warning(
+                "%s refused (%s) from %s: %s",
+                method.__name__,
+                exc.reason,
+                context.peer(),
+                exc.detail,
+                extra={"event": "executor_refused", "reason": exc.reason},
+            )
+            await context.abort(exc.code, exc.detail)
+        except SessionEndedError as exc:
+            self._dispatch.metrics.auth_failed("session_ended")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except STORAGE_DOWN as exc:
+            self._dispatch.leases.storage_down()
             log.warning(
                 "%s: storage unavailable (%s)",
                 method.__name__,
@@ -53,78 +80,255 @@ def _storage_unavailable(method: Handler) -> Handler:
     return handler
 
 
-def _leases(pairs: list[tuple[int, int]]) -> list[pb.LeaseRef]:
-    return [pb.LeaseRef(step_key=k, attempt=a) for k, a in pairs]
+def _leases(pairs: list[tuple[int, int]], session: Session | None = None) -> list[pb.LeaseRef]:
+    return [
+        pb.LeaseRef(step_key=k, attempt=a, token=session.lease_token(k, a) if session else "")
+        for k, a in pairs
+    ]
+
+
+class Refused(Exception):
+    """A call refused before it touched anything: its status, a reason for the metric, detail."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Caller:
+    """An authenticated executor call: its session, and whether it speaks sessions at all."""
+
+    session: Session
+    # False for an executor one release older (auth off): it quotes no session nor lease tokens.
+    legacy: bool = False
+
+    def splits(
+        self, leases: Sequence[pb.LeaseRef]
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(leases quoted with this session's token, the rest)."""
+        valid, forged = [], []
+        for lease in leases:
+            pair = (lease.step_key, lease.attempt)
+            if self.legacy or self.session.issued(lease.token, *pair):
+                valid.append(pair)
+            else:
+                forged.append(pair)
+        return valid, forged
 
 
 class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
-    """Translates the wire protocol to DispatchService calls; holds no state of its own."""
+    """Translates the wire protocol to DispatchService calls; holds no state of its own.
 
-    def __init__(self, *, dispatch: DispatchService, registry: ToolRegistry) -> None:
+    Every call is authenticated (see the proto's header): a pool token in the metadata, or a
+    client certificate when mutual TLS maps certificates to pools; then, past Register, the
+    session the executor quotes. With `auth="off"` (a rolling upgrade from executors that have
+    no token) callers without a token share one anonymous pool that may run anything.
+    """
+
+    def __init__(
+        self,
+        *,
+        dispatch: DispatchService,
+        registry: ToolRegistry,
+        pools: PoolTokenService,
+        auth: str = "token",
+        peer_pool: PeerPool | None = None,
+    ) -> None:
+        if dispatch.sessions is None:
+            raise ValueError("the executor service needs executor sessions (Guards.sessions)")
         self._dispatch = dispatch
         self._registry = registry
+        self._pools = pools
+        self._sessions: SessionService = dispatch.sessions
+        self._auth = auth
+        self._peer_pool = peer_pool
 
+    # -- authentication ---------------------------------------------------------------------------
+
+    async def _scope(self, context: Any) -> PoolScope:
+        """The pool the caller proves it belongs to, or Refused."""
+        token = _bearer(context)
+        if token is not None:
+            scope = await self._pools.authenticate(token)
+            if scope is None:
+                raise Refused(
+                    grpc.StatusCode.UNAUTHENTICATED, "bad_token", "the executor token is not valid"
+                )
+            return scope
+        if self._peer_pool is not None:
+            pool = self._peer_pool(context)
+            if pool is not None:
+                scope = await self._pools.pool(pool)
+                if scope is None:
+                    raise Refused(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        "out_of_scope",
+                        f"the client certificate names pool {pool!r}, which has no scope",
+                    )
+                return scope
+        if self._auth == "off":
+            return PoolScope(pool=ANONYMOUS, credential=ANONYMOUS)
+        raise Refused(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "no_credentials",
+            "executor calls need 'authorization: Bearer <executor token>' metadata "
+            "(reach executor --token) or a client certificate",
+        )
+
+    async def _caller(self, request: Any, context: Any) -> Caller:
+        """The session a call quotes, checked against the credential it presents."""
+        scope = await self._scope(context)
+        if request.session:
+            session = await self._sessions.verify(request.session)
+            if session is None or session.scope.credential != scope.credential:
+                raise Refused(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "bad_session",
+                    "the session is not one this credential opened",
+                )
+            return Caller(session=session)
+        if scope.credential == ANONYMOUS:
+            session = await self._sessions.legacy(request.executor_id, ANONYMOUS)
+            if session is not None:
+                return Caller(session=session, legacy=True)
+        raise Refused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "session_ended",
+            "no live session: call Register and quote the session it returns",
+        )
+
+    def _connectors(self, session: Session, asked: Sequence[str]) -> list[str]:
+        refused = session.scope.refused_connectors(asked)
+        if refused:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "out_of_scope",
+                f"pool {session.scope.pool!r} may not run connectors {sorted(refused)}",
+            )
+        return list(asked)
+
+    # -- the calls --------------------------------------------------------------------------------
+
+    @_guarded
     async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterResponse:
-        lease_ms = int(self._dispatch.timings.lease.total_seconds() * 1000)
+        scope = await self._scope(context)
+        refused = scope.refused_connectors(request.connectors)
+        if refused:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "out_of_scope",
+                f"pool {scope.pool!r} may not run connectors {sorted(refused)}",
+            )
+        if not request.executor_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "executor_id is required")
+        announced = Announcement(
+            executor_id=request.executor_id,
+            connectors=list(request.connectors),
+            slots=max(0, request.slots),
+            version=request.version,
+        )
+        session, credential = await self._sessions.open(
+            announced, scope=scope, now=datetime.now(UTC), reuse=scope.credential == ANONYMOUS
+        )
+        lease_ms = int(self._sessions.liveness.total_seconds() * 1000)
         log.info(
-            "executor %s registered: connectors=%s slots=%d",
+            "executor %s registered: session %s, pool %s, connectors=%s slots=%d",
             request.executor_id,
+            session.id,
+            scope.pool,
             ",".join(request.connectors),
             request.slots,
-            extra={"event": "executor_registered"},
+            extra={"event": "executor_registered", "session": session.id, "pool": scope.pool},
         )
         return pb.RegisterResponse(
             lease_ms=lease_ms,
-            heartbeat_interval_ms=max(100, lease_ms // 3),
+            heartbeat_interval_ms=max(100, lease_ms // 4),
             max_poll_wait_ms=int(self._dispatch.timings.max_poll_wait * 1000),
+            session=credential,
+            session_id=session.id,
+            pool=scope.pool,
         )
 
-    @_storage_unavailable
+    @_guarded
     async def PollSteps(self, request: pb.PollStepsRequest, context: Any) -> pb.PollStepsResponse:
-        if not request.executor_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "executor_id is required")
+        caller = await self._caller(request, context)
+        session = caller.session
+        connectors = self._connectors(session, request.connectors)
         claimed = await self._dispatch.poll(
-            executor_id=request.executor_id,
-            connectors=list(request.connectors),
+            executor_id=session.id,
+            connectors=connectors,
             limit=min(max(request.max_steps, 0), MAX_BATCH),
             wait=request.wait_ms / 1000,
+            session=session,
+            poll_seq=max(0, request.poll_seq),
         )
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
         trace_dispatch(claimed, executor_id=request.executor_id)
+        expires = datetime.now(UTC) + self._sessions.liveness
         return pb.PollStepsResponse(
             steps=[
-                assignment_to_proto(s, self._registry.get(s.tool, s.tool_version)) for s in claimed
+                assignment_to_proto(
+                    s,
+                    self._registry.get(s.tool, s.tool_version),
+                    lease_token=session.lease_token(s.id, s.attempt),
+                    expires_at=expires,
+                )
+                for s in claimed
             ]
         )
 
-    @_storage_unavailable
+    @_guarded
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        caller = await self._caller(request, context)
+        leases, forged = caller.splits(request.leases[: MAX_BATCH * 10])
         outcome = await self._dispatch.heartbeat(
-            executor_id=request.executor_id,
-            leases=[(lease.step_key, lease.attempt) for lease in request.leases[: MAX_BATCH * 10]],
+            executor_id=caller.session.id,
+            leases=leases,
+            session=caller.session,
+            forged=forged,
+            polls_completed=0 if caller.legacy else max(0, request.polls_completed),
         )
+        session = caller.session
         return pb.HeartbeatResponse(
-            extended=_leases(outcome.extended),
-            cancelled=_leases(outcome.cancelled),
-            lost=_leases(outcome.lost),
+            extended=_leases(outcome.extended, session),
+            cancelled=_leases(outcome.cancelled, session),
+            lost=[
+                pb.LeaseRef(step_key=lease.step_key, attempt=lease.attempt, token=lease.token)
+                for lease in request.leases
+                if (lease.step_key, lease.attempt) in set(outcome.lost)
+            ],
             lease_expires_at_ms=to_ms(outcome.expires_at),
         )
 
-    @_storage_unavailable
+    @_guarded
     async def ReportResults(
         self, request: pb.ReportResultsRequest, context: Any
     ) -> pb.ReportResultsResponse:
+        caller = await self._caller(request, context)
         if len(request.results) > MAX_BATCH:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} results")
         try:
             results = [result_from_proto(r) for r in request.results]
         except BadResultError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        acks = await self._dispatch.report(executor_id=request.executor_id, results=results)
+        session = caller.session
+        if caller.legacy:
+            results = [
+                replace(r, lease_token=session.lease_token(r.step_key, r.attempt)) for r in results
+            ]
+        acks = await self._dispatch.report(executor_id=session.id, results=results, session=session)
+        tokens = {(r.lease.step_key, r.lease.attempt): r.lease.token for r in request.results}
         return pb.ReportResultsResponse(
             acks=[
                 pb.ResultAck(
-                    lease=pb.LeaseRef(step_key=a.step_key, attempt=a.attempt),
+                    lease=pb.LeaseRef(
+                        step_key=a.step_key,
+                        attempt=a.attempt,
+                        token=tokens.get((a.step_key, a.attempt), ""),
+                    ),
                     accepted=a.accepted,
                     reason=a.reason,
                 )
@@ -133,8 +337,21 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         )
 
 
-def build_server(service: ExecutorService, address: str) -> tuple[Any, int, Any]:
-    """A grpc.aio server with the executor service, health checking and reflection.
+def _bearer(context: Any) -> str | None:
+    """The token of an `authorization: Bearer …` metadata entry, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def build_server(
+    service: ExecutorService, address: str, *, credentials: grpc.ServerCredentials | None = None
+) -> tuple[Any, int, Any]:
+    """A grpc.aio server with the executor service, health checking and reflection; over TLS
+    with `credentials`.
 
     Returns (server, bound port, health servicer).
     """
@@ -155,7 +372,11 @@ def build_server(service: ExecutorService, address: str) -> tuple[Any, int, Any]
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(address)
+    port = (
+        server.add_secure_port(address, credentials)
+        if credentials is not None
+        else server.add_insecure_port(address)
+    )
     if port == 0:
         raise OSError(f"could not bind gRPC to {address}")
     return server, port, health_servicer

@@ -41,11 +41,27 @@ async def next_due(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimInput:
+    # The lease holder: an executor session's id, or any name for a holder without one.
     executor_id: str
     connectors: Sequence[str]
     limit: int
     now: datetime
-    lease_expires_at: datetime
+    # None for a session's lease: it lives as long as the session (`state/sessions.py`).
+    lease_expires_at: datetime | None
+    # Tools of these connectors outside the holder's scope, and the one tenant it may serve.
+    exclude_tools: Sequence[str] = ()
+    tenant: str | None = None
+    # The holder's poll that takes these leases (PollSteps.poll_seq), if it numbers them.
+    lease_seq: int | None = None
+    # The executor process's own name when the holder is its session (events show both).
+    executor: str = ""
+
+    @property
+    def who(self) -> dict[str, str]:
+        """How events name the holder: the executor, and its session if it has one."""
+        if not self.executor:
+            return {"executor_id": self.executor_id}
+        return {"executor_id": self.executor, "session": self.executor_id}
 
 
 # Fair order on Postgres in one statement. `owners` walks the distinct tenants with queued
@@ -67,6 +83,7 @@ SELECT q.id FROM (
     FROM owners o, LATERAL (
         SELECT id, priority FROM steps
         WHERE status = 'ready' AND tenant = o.p
+          AND (CAST(:tenant AS text) IS NULL OR tenant = CAST(:tenant AS text))
           AND connector = ANY(:connectors) AND tool <> ALL(:skip)
           AND tool || ':' || coalesce(concurrency_key, '') <> ALL(:skip_keys)
           AND (not_before IS NULL OR not_before <= :now)
@@ -103,6 +120,7 @@ async def fair_order(
     Higher priority first; within a priority, tenants take turns, each oldest first, so
     one tenant's burst of thousands of steps does not starve another's single step.
     """
+    skip_tools = [*skip_tools, *claim.exclude_tools]
     if conn.dialect.name == "postgresql":
         rows = await conn.execute(
             _FAIR_ORDER,
@@ -110,6 +128,7 @@ async def fair_order(
                 "connectors": list(claim.connectors),
                 "skip": list(skip_tools),
                 "skip_keys": list(skip_keys),
+                "tenant": claim.tenant,
                 "now": claim.now,
                 "limit": claim.limit,
             },
@@ -128,6 +147,7 @@ async def fair_order(
             (steps.c.tool + ":" + sa.func.coalesce(steps.c.concurrency_key, "")).not_in(
                 list(skip_keys)
             ),
+            steps.c.tenant == claim.tenant if claim.tenant is not None else sa.true(),
         )
         .subquery()
     )
@@ -274,6 +294,7 @@ async def _lease(conn: AsyncConnection, picked: sa.CTE, claim: ClaimInput) -> li
             status=target(Transition.LEASE),
             lease_owner=claim.executor_id,
             lease_expires_at=claim.lease_expires_at,
+            lease_seq=claim.lease_seq,
             started_at=sa.func.coalesce(steps.c.started_at, claim.now),
             updated_at=claim.now,
         )
@@ -290,7 +311,7 @@ async def _lease(conn: AsyncConnection, picked: sa.CTE, claim: ClaimInput) -> li
                 from_status=StepStatus.READY,
                 to_status=s.status,
                 attempt=s.attempt,
-                data={"executor_id": claim.executor_id},
+                data=claim.who,
                 created_at=claim.now,
             )
             for s in claimed

@@ -22,6 +22,12 @@ from agent_reach_controller.flow.ratelimits import Rate, bucket_key
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.state import approvals, claims, flow_store, store
 from agent_reach_controller.state.caps import CapService, TenantCapsLookup
+from agent_reach_controller.state.leases import (
+    HeartbeatOutcome,
+    LeaseKeeper,
+    Refusal,
+    record_refusal,
+)
 from agent_reach_controller.state.limiter import MemoryLimiter, RateLimiter, SqlLimiter
 from agent_reach_controller.state.notifier import Notifier, ready_key
 from agent_reach_controller.state.outcomes import (
@@ -36,6 +42,7 @@ from agent_reach_controller.state.outcomes import (
 )
 from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
+from agent_reach_controller.state.sessions import Session, SessionService
 from agent_reach_controller.state.tasks import TaskService
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -44,6 +51,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseTimings:
+    # How long a lease outlives its holder's last heartbeat: an executor session's liveness.
     lease: timedelta = timedelta(seconds=30)
     max_poll_wait: float = 20.0
     # Upper bound on a poller's sleep between checks when no wake-up arrives (a safety net).
@@ -59,11 +67,19 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HeartbeatOutcome:
-    extended: list[tuple[int, int]]
-    cancelled: list[tuple[int, int]]
-    lost: list[tuple[int, int]]
-    expires_at: datetime
+class Caller:
+    """Who reports results: a lease holder, with its session if it has one."""
+
+    holder: str
+    session: Session | None = None
+
+    def holds(self, step: StepRow, result: AttemptResult) -> bool:
+        """Whether the step's lease is the caller's (and, for a session, the token its own)."""
+        if step.lease_owner != self.holder:
+            return False
+        return self.session is None or self.session.issued(
+            result.lease_token, result.step_key, result.attempt
+        )
 
 
 class QueueFullError(Exception):
@@ -94,6 +110,8 @@ class Guards:
     grants: GrantCheck | None = None
     tenant_caps: TenantCapsLookup | None = None
     metrics: ControllerMetrics | None = None  # where dispatch reports what it does
+    # Executor sessions, whose liveness is their leases' (None: holders have no sessions).
+    sessions: SessionService | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +144,7 @@ class DispatchService:
         self._db = db
         # Postgres when several replicas may dispatch; in this process for embedded SQLite.
         self._guards = guards or Guards(limiter=SqlLimiter() if db.is_postgres else MemoryLimiter())
+        self.sessions = self._guards.sessions
         self.metrics = self._guards.metrics or ControllerMetrics()
         self._registry = registry
         self.effect_caps = CapService(
@@ -134,6 +153,13 @@ class DispatchService:
         self._tasks = tasks
         self._notifier = notifier
         self.timings = timings
+        self.leases = LeaseKeeper(
+            db=db,
+            sessions=self.sessions,
+            lease_seconds=timings.lease.total_seconds(),
+            metrics=self.metrics,
+            settle=self._settle,
+        )
         self._rng = random.Random()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
@@ -315,28 +341,86 @@ class DispatchService:
         return self.queue_depth
 
     async def claim(
-        self, *, executor_id: str, connectors: Sequence[str], limit: int
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None = None,
+        poll_seq: int = 0,
     ) -> list[StepRow]:
         """Lease up to `limit` ready steps now; empty when there are none."""
-        claimed, _ = await self._claim(executor_id=executor_id, connectors=connectors, limit=limit)
-        return claimed
-
-    async def _claim(
-        self, *, executor_id: str, connectors: Sequence[str], limit: int
-    ) -> tuple[list[StepRow], datetime | None]:
-        """One transaction: lease what is ready, or say when the next deferred step is due."""
-        if limit <= 0 or not connectors:
-            return [], None
-        now = datetime.now(UTC)
-        claim = claims.ClaimInput(
+        claimed, _ = await self._claim(
             executor_id=executor_id,
             connectors=connectors,
             limit=limit,
-            now=now,
-            lease_expires_at=now + self.timings.lease,
+            session=session,
+            poll_seq=poll_seq,
         )
+        return claimed
+
+    def _claim_input(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None,
+        poll_seq: int,
+    ) -> claims.ClaimInput:
+        now = datetime.now(UTC)
+        if session is None:
+            return claims.ClaimInput(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                now=now,
+                lease_expires_at=now + self.timings.lease,
+            )
+        scope = session.scope
+        return claims.ClaimInput(
+            executor_id=session.id,
+            connectors=connectors,
+            limit=limit,
+            now=now,
+            lease_expires_at=None,  # the session's liveness is the lease's
+            exclude_tools=[
+                t.name
+                for t in self._registry.catalog.values()
+                if t.connector in connectors and not scope.allows_tool(t.name)
+            ],
+            tenant=scope.tenant,
+            lease_seq=poll_seq or None,
+            executor=session.executor_id,
+        )
+
+    async def _claim(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None = None,
+        poll_seq: int = 0,
+    ) -> tuple[list[StepRow], datetime | None]:
+        """One transaction: lease what is ready, or say when the next deferred step is due.
+
+        A session's claim is also its heartbeat, and fails (SessionEndedError) once it ended.
+        """
+        if limit <= 0 or not connectors:
+            return [], None
         async with self._db.transaction() as conn:
             await self._registry.refresh(conn)  # a tool disabled a moment ago is refused now
+            claim = self._claim_input(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                session=session,
+                poll_seq=poll_seq,
+            )
+            now = claim.now
+            if session is not None and self.sessions is not None:
+                await self.sessions.touch(conn, session.id, now=now)
             rules = await self._governance(conn, connectors, now)
             if rules.active:
                 claimed = await self._claim_governed(conn, claim, rules)
@@ -348,7 +432,7 @@ class DispatchService:
                 return [], min([due, *paused] if due else paused, default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
             await self._start_probes(conn, {s.tool for s in claimed}, now)
-        claimed = await self._drop_refused(claimed, executor_id=executor_id)
+        claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
         self.metrics.leased(claimed, now=now)
         return claimed, None
 
@@ -465,7 +549,14 @@ class DispatchService:
         return await claims.lease_steps(conn, picked, claim)
 
     async def poll(
-        self, *, executor_id: str, connectors: Sequence[str], limit: int, wait: float
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        wait: float,
+        session: Session | None = None,
+        poll_seq: int = 0,
     ) -> list[StepRow]:
         """Claim, waiting up to `wait` seconds for a step to become ready or due."""
         loop = asyncio.get_running_loop()
@@ -474,7 +565,11 @@ class DispatchService:
         while True:
             since = self._notifier.snapshot(keys)
             claimed, due = await self._claim(
-                executor_id=executor_id, connectors=connectors, limit=limit
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                session=session,
+                poll_seq=poll_seq,
             )
             remaining = deadline - loop.time()
             if claimed or remaining <= 0:
@@ -485,33 +580,44 @@ class DispatchService:
             await self._notifier.wait(keys, since, within=pause)
 
     async def heartbeat(
-        self, *, executor_id: str, leases: Sequence[tuple[int, int]]
+        self,
+        *,
+        executor_id: str,
+        leases: Sequence[tuple[int, int]],
+        session: Session | None = None,
+        forged: Sequence[tuple[int, int]] = (),
+        polls_completed: int = 0,
     ) -> HeartbeatOutcome:
-        now = datetime.now(UTC)
-        expires = now + self.timings.lease
-        async with self._db.transaction() as conn:
-            extended = await store.extend_leases(
-                conn, executor_id=executor_id, leases=leases, expires_at=expires
+        """Extend the caller's leases; say which were cancelled and which it no longer holds
+        (see LeaseKeeper: a session keeps all its leases with one write)."""
+        if session is None:
+            return await self.leases.extend(
+                holder=executor_id,
+                leases=leases,
+                expires=datetime.now(UTC) + self.timings.lease,
             )
-            rest = [lease for lease in leases if lease not in extended]
-            current = await store.load_steps_by_key(conn, (key for key, _ in rest))
-        cancelled, lost = [], []
-        for key, attempt in rest:
-            step = current.get(key)
-            if step is not None and step.status is StepStatus.CANCELLED and step.attempt == attempt:
-                cancelled.append((key, attempt))
-            else:
-                lost.append((key, attempt))
-        return HeartbeatOutcome(
-            extended=sorted(extended), cancelled=cancelled, lost=lost, expires_at=expires
+        return await self.leases.heartbeat(
+            session=session, leases=leases, forged=forged, polls_completed=polls_completed
         )
 
-    async def report(self, *, executor_id: str, results: Sequence[AttemptResult]) -> list[Ack]:
-        """Apply each result whose lease is still current; reject the rest (stale fencing token)."""
+    async def report(
+        self,
+        *,
+        executor_id: str,
+        results: Sequence[AttemptResult],
+        session: Session | None = None,
+    ) -> list[Ack]:
+        """Apply each result whose lease is current and held by the caller; reject the rest.
+
+        A session's results must also quote the lease token it was handed with the step.
+        """
         if not results:
             return []
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
+            if session is not None and self.sessions is not None:
+                # A revoked or expired session's results count for nothing, even in flight.
+                await self.sessions.touch(conn, session.id, now=now)
             keys = [r.step_key for r in results]
             task_ids = await store.lock_tasks_of_steps(conn, keys)
             current = await store.load_steps_by_key(conn, keys)
@@ -525,7 +631,7 @@ class DispatchService:
                 current,
                 results,
                 now=now,
-                executor_id=executor_id,
+                caller=Caller(holder=session.id if session else executor_id, session=session),
                 budgets=await self._tasks.budgets(conn, tasks),
             )
             advanced = await self._tasks.advance(conn, task_ids, now=now, tasks=tasks)
@@ -547,7 +653,7 @@ class DispatchService:
         results: Sequence[AttemptResult],
         *,
         now: datetime,
-        executor_id: str,
+        caller: Caller,
         budgets: dict[str, Budget],
     ) -> tuple[list[Ack], set[str], set[str]]:
         """Decide every result, apply the batch in one compare-and-set, ack each in order.
@@ -567,6 +673,8 @@ class DispatchService:
                 or step.attempt != result.attempt
             ):
                 decided.append((result, None, "stale_lease"))
+            elif not caller.holds(step, result):
+                decided.append((result, None, "not_lease_holder"))
             else:
                 tool = self._registry.get(step.tool, step.tool_version)
                 decision = decide_result(
@@ -602,7 +710,7 @@ class DispatchService:
                     result,
                     now=now,
                     reason=reason or "stale_lease",
-                    executor_id=executor_id,
+                    caller=caller,
                 )
             )
         return acks, requeued, opened
@@ -615,36 +723,17 @@ class DispatchService:
         *,
         now: datetime,
         reason: str,
-        executor_id: str,
+        caller: Caller,
     ) -> Ack:
-        if step is not None:
-            # Recorded, never applied: the audit trail shows every late or duplicate report.
-            await store.append_events(
-                conn,
-                [
-                    store.NewEvent(
-                        task_id=step.task_id,
-                        step_id=step.step_id,
-                        kind="result_rejected",
-                        attempt=result.attempt,
-                        data={"executor_id": executor_id, "reason": reason},
-                        created_at=now,
-                    )
-                ],
-            )
-        self.metrics.rejected(conn, reason)
-        log.info(
-            "rejected a result for step key %s attempt %s from %s: %s",
-            result.step_key,
-            result.attempt,
-            executor_id,
-            reason,
-            extra={
-                "event": "result_rejected",
-                "task_id": step.task_id if step else None,
-                "step_id": step.step_id if step else None,
-            },
+        refusal = Refusal(
+            step=step,
+            attempt=result.attempt,
+            reason=reason,
+            holder=caller.holder,
+            call="report",
+            session=caller.session,
         )
+        await record_refusal(conn, refusal, metrics=self.metrics, now=now)
         return Ack(step_key=result.step_key, attempt=result.attempt, accepted=False, reason=reason)
 
     async def reap_expired(self, *, limit: int = 500) -> int:

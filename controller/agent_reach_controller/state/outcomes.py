@@ -47,6 +47,8 @@ class AttemptResult:
     finished_at: datetime | None = None
     # Seconds the downstream asked every caller of the tool to hold back (its quota is spent).
     throttle_s: float = 0.0
+    # The lease token quoted with the result (checked for a session's leases).
+    lease_token: str = ""
 
     def hold_back(self, cap: float) -> float:
         """How long this answer says the whole tool should wait, at most `cap`; 0.0: not at all."""
@@ -149,6 +151,23 @@ def decide_lease_expiry(step: StepRow, ctx: Decision) -> StepChange:
         message=f"the executor running {step.tool} stopped responding",
         retryable=True,
         maybe_applied=True,  # it may have called the downstream before it went away
+    )
+    change = _or_fallback(_decide_failure(step, error, ctx), ctx)
+    data = dict(change.event_data or {})
+    data["lease_owner"] = step.lease_owner
+    return StepChange(
+        step=step, transition=change.transition, values=change.values, event_data=data
+    )
+
+
+def decide_undelivered(step: StepRow, ctx: Decision) -> StepChange:
+    """A lease whose poll reply never reached its executor (lost with a controller): the step
+    did not run, so it goes back to the queue as a retry that cannot have applied anything."""
+    error = AttemptError(
+        code=ErrorCode.LEASE_LOST.value,
+        message=f"the lease on {step.tool} never reached its executor; it did not run",
+        retryable=True,
+        maybe_applied=False,
     )
     change = _or_fallback(_decide_failure(step, error, ctx), ctx)
     data = dict(change.event_data or {})

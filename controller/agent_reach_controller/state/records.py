@@ -49,6 +49,7 @@ class StepRow:
     key_id: str | None = None
     approval: dict[str, Any] | None = None
     decide_by: datetime | None = None
+    lease_seq: int | None = None
     # Not a column: set only on a step just leased, its `updated_at` before the lease (when the
     # attempt was queued), for the schedule-to-start metric.
     queued_at: datetime | None = None

@@ -17,12 +17,14 @@ OUTCOME_SUCCEEDED: Outcome
 OUTCOME_FAILED: Outcome
 
 class LeaseRef(_message.Message):
-    __slots__ = ("step_key", "attempt")
+    __slots__ = ("step_key", "attempt", "token")
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     step_key: int
     attempt: int
-    def __init__(self, step_key: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    token: str
+    def __init__(self, step_key: _Optional[int] = ..., attempt: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("executor_id", "connectors", "slots", "version")
@@ -37,26 +39,36 @@ class RegisterRequest(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., connectors: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("lease_ms", "heartbeat_interval_ms", "max_poll_wait_ms")
+    __slots__ = ("lease_ms", "heartbeat_interval_ms", "max_poll_wait_ms", "session", "session_id", "pool")
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_POLL_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     lease_ms: int
     heartbeat_interval_ms: int
     max_poll_wait_ms: int
-    def __init__(self, lease_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_poll_wait_ms: _Optional[int] = ...) -> None: ...
+    session: str
+    session_id: str
+    pool: str
+    def __init__(self, lease_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_poll_wait_ms: _Optional[int] = ..., session: _Optional[str] = ..., session_id: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class PollStepsRequest(_message.Message):
-    __slots__ = ("executor_id", "connectors", "max_steps", "wait_ms")
+    __slots__ = ("executor_id", "connectors", "max_steps", "wait_ms", "session", "poll_seq")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTORS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    POLL_SEQ_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     connectors: _containers.RepeatedScalarFieldContainer[str]
     max_steps: int
     wait_ms: int
-    def __init__(self, executor_id: _Optional[str] = ..., connectors: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    session: str
+    poll_seq: int
+    def __init__(self, executor_id: _Optional[str] = ..., connectors: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., wait_ms: _Optional[int] = ..., session: _Optional[str] = ..., poll_seq: _Optional[int] = ...) -> None: ...
 
 class PollStepsResponse(_message.Message):
     __slots__ = ("steps",)
@@ -97,12 +109,16 @@ class StepAssignment(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., task_id: _Optional[str] = ..., step_id: _Optional[str] = ..., tool: _Optional[str] = ..., connector: _Optional[str] = ..., config_json: _Optional[bytes] = ..., args_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., lease_expires_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("executor_id", "leases")
+    __slots__ = ("executor_id", "leases", "session", "polls_completed")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    POLLS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     leases: _containers.RepeatedCompositeFieldContainer[LeaseRef]
-    def __init__(self, executor_id: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ...) -> None: ...
+    session: str
+    polls_completed: int
+    def __init__(self, executor_id: _Optional[str] = ..., leases: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ..., session: _Optional[str] = ..., polls_completed: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("extended", "cancelled", "lost", "lease_expires_at_ms")
@@ -149,12 +165,14 @@ class StepResult(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., output_json: _Optional[bytes] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., throttle_s: _Optional[float] = ...) -> None: ...
 
 class ReportResultsRequest(_message.Message):
-    __slots__ = ("executor_id", "results")
+    __slots__ = ("executor_id", "results", "session")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     results: _containers.RepeatedCompositeFieldContainer[StepResult]
-    def __init__(self, executor_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...
+    session: str
+    def __init__(self, executor_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class ResultAck(_message.Message):
     __slots__ = ("lease", "accepted", "reason")
