@@ -211,3 +211,24 @@ def test_fallbacks_must_exist_and_must_not_loop() -> None:
     with pytest.raises(ToolFileError) as unknown:
         ToolCatalog([tool("a", "x")])
     assert "fallback 'x' is not a known tool" in str(unknown.value)
+
+
+def test_a_stored_version_with_a_name_checked_only_since_still_loads() -> None:
+    """A tool stored before keys were checked for undeclared names stays loadable (every submit
+    and dispatch reads it), while a new one like it is refused."""
+    from pydantic import ValidationError as Invalid
+
+    from agent_reach_controller.tools.catalog import STORED, ToolSpec
+
+    spec = {
+        "name": "crm.update",
+        "description": "Update a customer.",
+        "connector": "http",
+        "rate_limit": {"rate": "5/s", "key": "customer.id"},
+        "effects": {"rows": "size(rows)"},
+    }
+    with pytest.raises(Invalid, match="undeclared variable 'customer'"):
+        ToolSpec.model_validate(spec)
+    loaded = ToolSpec.model_validate(spec, context=STORED)
+    assert loaded.rate_limit is not None
+    assert loaded.rate_limit.key == "customer.id"

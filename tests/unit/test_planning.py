@@ -170,6 +170,27 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "does not compile",
     ),
     (
+        "cel undeclared root variable",
+        {"steps": [step(when="foo.bar == 1")]},
+        "/steps/0/when",
+        "invalid_condition",
+        "uses undeclared variable 'foo'",
+    ),
+    (
+        "cel undeclared variable",
+        {"steps": [WEATHER, {**REMIND, "when": "steps.weather.output.mm > threshold"}]},
+        "/steps/1/when",
+        "invalid_condition",
+        "uses undeclared variable 'threshold'",
+    ),
+    (
+        "cel unknown function",
+        {"steps": [WEATHER, {**REMIND, "when": "nosuchfn(steps.weather.output)"}]},
+        "/steps/1/when",
+        "invalid_condition",
+        "calls unknown function 'nosuchfn'",
+    ),
+    (
         "cel non-dep",
         {
             "steps": [
@@ -306,6 +327,37 @@ def test_problem_corpus(body: Any, pointer: str, code: str, phrase: str) -> None
     matching = [p for p in problems if p.pointer == pointer and p.code == code]
     assert matching, problems
     assert phrase in matching[0].detail
+
+
+def test_a_condition_naming_anything_but_steps_and_context_is_refused_at_submit() -> None:
+    body = {
+        "steps": [
+            WEATHER,
+            {**REMIND, "when": "steps.weather.output.hours.exists(h, h > limit) && max(1, 2) > 1"},
+        ]
+    }
+    assert [(p.pointer, p.code, p.detail) for p in problems_of(body)] == [
+        (
+            "/steps/1/when",
+            "invalid_condition",
+            "the condition uses undeclared variable 'limit' "
+            "(only `context` and `steps` are declared)",
+        ),
+        ("/steps/1/when", "invalid_condition", "the condition calls unknown function 'max'"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "steps.weather.output.hours.exists(h, h == 8)",  # a macro's own variable
+        "steps.weather.output.summary == 'rain or snow, foo.bar == 1' && context.tz != 'x'",
+        "has(steps.weather.output.rain) && size(steps.weather.output.summary) > 0",
+    ],
+)
+def test_conditions_over_steps_and_context_are_accepted(when: str) -> None:
+    plan = parse_plan({"steps": [WEATHER, {**REMIND, "when": when}]}, CATALOG)
+    assert plan.steps[1].when == when
 
 
 def test_corpus_covers_every_code() -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from agent_reach_controller.api import executors, replay, tools
+from agent_reach_controller.api import executors, media, replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -271,7 +271,7 @@ def create_app(components_: Components) -> FastAPI:
         title="Agent-Reach",
         version="0.1.0",
         summary="Model intents in; real, verified actions and honest receipts out.",
-        dependencies=[Depends(single_query_values)],
+        dependencies=[Depends(single_query_values), Depends(media.require_json_body)],
     )
     app.state.components = components_
     app.include_router(meta)

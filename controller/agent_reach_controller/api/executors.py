@@ -115,7 +115,11 @@ def _components(request: Request) -> Components:
 
 
 @tokens_router.post(
-    "", status_code=201, response_model=PoolTokenCreated, operation_id="createExecutorToken"
+    "",
+    status_code=201,
+    response_model=PoolTokenCreated,
+    responses=problem_responses(400),
+    operation_id="createExecutorToken",
 )
 async def create_token(body: PoolTokenIn, request: Request, who: Caller) -> PoolTokenCreated:
     deps = _components(request)

@@ -14,6 +14,7 @@ from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.api import events, schemas
 from agent_reach_controller.api.auth import Caller, require
+from agent_reach_controller.api.media import require_json_body
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action, Principal
@@ -30,7 +31,13 @@ from agent_reach_controller.state.tasks import (
     Submitted,
 )
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses=V1_PROBLEMS)
+# Every route here that reads a body reads JSON: any other media type is a 415 (api/media.py).
+router = APIRouter(
+    prefix="/v1/tasks",
+    tags=["tasks"],
+    responses=V1_PROBLEMS,
+    dependencies=[Depends(require_json_body)],
+)
 
 
 def components(request: Request) -> Components:
@@ -56,13 +63,15 @@ SUBMIT_BODY = {
     }
 }
 PROBLEMS = problem_responses(400, 404, 409, 413, 429)
+# Routes with a JSON body: also 415 for a body of another media type.
+BODY_PROBLEMS = {**PROBLEMS, **problem_responses(415)}
 # A trace or a replay is built from at most this many events (a task that retried for days
 # stays bounded).
 MAX_EVENTS = 50_000
 # With ?wait=…, a task that ended in time is 200 with its receipts; otherwise 202 as without.
 SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": schemas.TaskOut, "description": "The task ended within ?wait"},
-    **PROBLEMS,
+    **BODY_PROBLEMS,
 }
 
 
@@ -284,7 +293,7 @@ async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
 @router.post(
     "/{task_id}/steps/{step_id}/resolve",
     response_model=schemas.TaskOut,
-    responses=PROBLEMS,
+    responses=BODY_PROBLEMS,
     summary="Resolve a step whose outcome is unknown (operators)",
 )
 async def resolve_step(
@@ -308,7 +317,7 @@ async def resolve_step(
 @router.post(
     "/{task_id}/steps/{step_id}/approval",
     response_model=schemas.TaskOut,
-    responses=PROBLEMS,
+    responses=BODY_PROBLEMS,
     summary="Approve or reject a dangerous step (approvers of its tool)",
 )
 async def decide_step(
@@ -362,7 +371,7 @@ async def task_events(
 @router.post(
     "/{task_id}/usage",
     response_model=schemas.TaskOut,
-    responses=PROBLEMS,
+    responses=BODY_PROBLEMS,
     summary="Report model tokens spent on the task (they add up; shown in its usage)",
 )
 async def report_usage(

@@ -13,10 +13,13 @@ Python on lark). Measured here (Python 3.11, 2 vCPU, timeit) on
   cel-python 0.5: compile 205 us, evaluate 190 us (+27 us to convert the activation).
 That is ~9x faster to compile and ~18x faster to evaluate, on the dispatch path of every step.
 
-The Rust binding exposes no AST, only the top-level variable names, so the steps an expression
-reads are found with a regex over the source (`steps.<id>` and `steps["<id>"]`, outside string
-literals). Dynamic access such as `steps[context.name]` cannot be checked statically; at run time
-only the step's dependencies are present, so it fails with a ConditionError instead.
+A condition may use `steps` and `context` only (what `evaluate` provides) and the engine's own
+functions; anything else is refused at submit (tools/expressions.py) rather than failing when the
+step is due. The Rust binding exposes no AST, only the variables and functions referenced, so the
+steps an expression reads are found with a regex over the source (`steps.<id>` and
+`steps["<id>"]`, outside string literals). Dynamic access such as `steps[context.name]` cannot
+be checked statically; at run time only the step's dependencies are present, so it fails with a
+ConditionError instead.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ from typing import Any
 
 import cel
 
+from agent_reach_controller.tools.expressions import unknown_names
+
 _STRING_LITERAL = re.compile(
     r"""[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")""", re.DOTALL
 )
+# The variables `evaluate` gives a condition; a condition naming any other is refused at submit.
+CONDITION_VARIABLES = frozenset({"steps", "context"})
 _DOT_ACCESS = re.compile(r"(?<![\w.])steps\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
 _INDEX_ACCESS = re.compile(r"""(?<![\w.])steps\s*\[\s*(?:'([^'\\]*)'|"([^"\\]*)")\s*\]""")
 
@@ -68,6 +75,15 @@ def compile_condition(source: str) -> CompiledCondition:
         message = str(exc).replace("\n", " ").strip()
         raise ConditionError(f"condition does not compile: {message}") from None
     return CompiledCondition(source=source, program=program, step_ids=referenced_steps(source))
+
+
+def name_problems(compiled: CompiledCondition) -> list[str]:
+    """A phrase for each variable or function the condition uses that `evaluate` will not have.
+
+    E.g. "uses undeclared variable 'foo' (...)", "calls unknown function 'nosuchfn'".
+    """
+    unknown = unknown_names(compiled.source, variables=CONDITION_VARIABLES)
+    return unknown.sentences(CONDITION_VARIABLES)
 
 
 def evaluate(

@@ -8,7 +8,11 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from agent_reach_controller.planning import effects, grounding
-from agent_reach_controller.planning.conditions import ConditionError, compile_condition
+from agent_reach_controller.planning.conditions import (
+    ConditionError,
+    compile_condition,
+    name_problems,
+)
 from agent_reach_controller.planning.graph import Node, dependency_problems
 from agent_reach_controller.planning.limits import (
     DEFAULT_LIMITS,
@@ -192,6 +196,8 @@ def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: Proble
     except ConditionError as exc:
         out.add(where, P.INVALID_CONDITION, str(exc))
         return
+    for phrase in name_problems(compiled):
+        out.add(where, P.INVALID_CONDITION, f"the condition {phrase}")
     for step_id in sorted(compiled.step_ids):
         if step_id not in ids:
             out.add(where, P.INVALID_CONDITION, f"the condition reads unknown step {step_id!r}")

@@ -21,7 +21,7 @@ from agent_reach_controller.audit import log as audit
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.state import tool_store
 from agent_reach_controller.state.tool_store import ChangeRow, HeadRow
-from agent_reach_controller.tools.catalog import ToolCatalog, ToolFileError, ToolSpec
+from agent_reach_controller.tools.catalog import STORED, ToolCatalog, ToolFileError, ToolSpec
 
 ChangeAction = Literal["create", "update", "disable", "enable", "delete"]
 # Paths under /v1/tools that are not tools.
@@ -137,7 +137,7 @@ class ToolRegistry:
             row.name: ToolHead(
                 # Versions are immutable: one parsed before (schemas, CEL) is reused.
                 spec=self._versions.get((row.name, row.version))
-                or ToolSpec.model_validate(row.spec),
+                or ToolSpec.model_validate(row.spec, context=STORED),
                 revision=row.revision,
                 updated_by=row.updated_by,
                 updated_at=row.updated_at,
@@ -168,7 +168,7 @@ class ToolRegistry:
         for name, version in missing:
             spec = await tool_store.load_version(conn, name, version)
             if spec is not None:
-                self._versions[(name, version)] = ToolSpec.model_validate(spec)
+                self._versions[(name, version)] = ToolSpec.model_validate(spec, context=STORED)
 
     def get(self, name: str, version: str) -> ToolSpec:
         """The exact version a step was validated against."""

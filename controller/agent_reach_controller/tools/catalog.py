@@ -12,7 +12,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-import cel
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -22,9 +21,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from agent_reach_controller.tools.expressions import TOOL_VARIABLES, check_names
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -123,8 +125,8 @@ class RateLimit(BaseModel):
 
     @field_validator("key")
     @classmethod
-    def _key_compiles(cls, value: str | None) -> str | None:
-        return None if value is None else _cel_key(value)
+    def _key_compiles(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _cel_key(value, info=info)
 
 
 class KeyedLimit(BaseModel):
@@ -137,17 +139,21 @@ class KeyedLimit(BaseModel):
 
     @field_validator("key")
     @classmethod
-    def _key_compiles(cls, value: str) -> str:
-        return _cel_key(value)
+    def _key_compiles(cls, value: str, info: ValidationInfo) -> str:
+        return _cel_key(value, info=info)
 
 
-def _cel_key(value: str, what: str = "key") -> str:
-    try:
-        cel.compile(value)
-    except Exception as exc:  # the Rust binding raises ValueError, and others on odd input
-        message = str(exc).replace("\n", " ").strip()
-        raise ValueError(f"{what} does not compile as CEL: {message}") from None
-    return value
+# Validation context of a tool version read back from storage: it was checked when it was
+# written, and a check made stricter since must not make a stored version unloadable (every
+# submit and dispatch would fail). `ToolSpec.model_validate(spec, context=STORED)`.
+STORED = {"stored": True}
+
+
+def _cel_key(value: str, what: str = "key", info: ValidationInfo | None = None) -> str:
+    """A CEL expression over `args` that compiles and names nothing else (ValueError if not)."""
+    if info is not None and (info.context or {}).get("stored"):
+        return value
+    return check_names(value, variables=TOOL_VARIABLES, what=what)
 
 
 # A class of side effects a tool declares and a cap counts (`message`, `payment`, `rows`).
@@ -159,7 +165,7 @@ COST = "cost"
 MAX_UNITS = 1e12
 
 
-def _units(value: Any) -> Any:
+def _units(value: Any, info: ValidationInfo) -> Any:
     """A number of units (>= 0) or a CEL expression over `args` that gives one per call."""
     if isinstance(value, bool):
         raise ValueError("units must be a number or a CEL expression, not a boolean")
@@ -170,7 +176,7 @@ def _units(value: Any) -> Any:
     if isinstance(value, str):
         if not value.strip() or len(value) > 500:
             raise ValueError("a units expression must have 1 to 500 characters")
-        return _cel_key(value, "the units expression")
+        return _cel_key(value, "the units expression", info)
     return value
 
 
