@@ -57,7 +57,7 @@ def alert_rules() -> list[dict[str, Any]]:
 
 
 def test_the_alert_rules_are_valid(promtool: str) -> None:
-    assert "SUCCESS: 8 rules found" in promtool_ok(promtool, "check", "rules", str(ALERTS))
+    assert "SUCCESS: 9 rules found" in promtool_ok(promtool, "check", "rules", str(ALERTS))
 
 
 def test_the_alert_rules_pass_their_unit_tests(promtool: str) -> None:

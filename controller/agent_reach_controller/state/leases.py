@@ -83,6 +83,7 @@ class LeaseKeeper:
         # nobody's heartbeat can be recorded then, so sessions do not expire until storage has
         # been back for a whole lease (see `reap_sessions`).
         self._storage_ok_since: float | None = time.monotonic()
+        self._last_sweep = time.monotonic()
 
     async def heartbeat(
         self,
@@ -199,10 +200,15 @@ class LeaseKeeper:
         self._storage_ok_since = None
 
     def _storage_settled(self) -> bool:
-        """Whether storage has worked for a whole lease (call after a successful statement)."""
+        """Whether storage has worked for a whole lease (call after a successful statement).
+
+        A long gap since the previous sweep counts as an outage too (a database that hung
+        instead of failing, a stalled process): heartbeats may have gone unrecorded meanwhile.
+        """
         now = time.monotonic()
-        if self._storage_ok_since is None:
+        if self._storage_ok_since is None or now - self._last_sweep > self._lease_seconds / 2:
             self._storage_ok_since = now
+        self._last_sweep = now
         return now - self._storage_ok_since >= self._lease_seconds
 
     async def reap_sessions(self, *, limit: int = 500) -> int:
