@@ -20,8 +20,9 @@ from tests.faults.harness import (
 )
 from tests.support.sink import Response, Sink
 
-# A resumed executor's log line for a result it dropped because its lease was lost.
-DROPPED_LOST = re.compile(r'"event":\s*"step_dropped".*?"reason":\s*"lost"')
+# A resumed executor's log line for a result it dropped because its lease was lost (or, its
+# session having expired meanwhile, lost with the session).
+DROPPED_LOST = re.compile(r'"event":\s*"step_dropped".*?"reason":\s*"lost')
 # Stopped until the reaper took its leases back, then this much longer.
 EXTRA_PAUSE_S = 1.5
 
@@ -31,6 +32,13 @@ def reran_elsewhere(victims: set[str]) -> Checker:
 
     def check(run: Run) -> Finding:
         f = Finding("re-ran elsewhere")
+        # A lease's owner is the session of the executor that took it (a lease event names both).
+        holders = set(victims) | {
+            (e.get("data") or {}).get("session")
+            for events in run.step_events.values()
+            for e in events
+            if e["event"] == "lease" and (e.get("data") or {}).get("executor_id") in victims
+        }
         for key, events in run.step_events.items():
             f.counts["victim_rejected"] += sum(
                 e["event"] == "result_rejected"
@@ -42,7 +50,7 @@ def reran_elsewhere(victims: set[str]) -> Checker:
             expired = [
                 e
                 for e in events
-                if e["event"] == "retry" and (e.get("data") or {}).get("lease_owner") in victims
+                if e["event"] == "retry" and (e.get("data") or {}).get("lease_owner") in holders
             ]
             if not expired or step is None:
                 continue
@@ -59,8 +67,12 @@ def reran_elsewhere(victims: set[str]) -> Checker:
 
 
 def expired_leases_of(progress: Progress, executor: str) -> int:
-    """Leases of `executor` the reaper took back (lease expired: retried elsewhere)."""
-    sql = "SELECT count(*) FROM events WHERE kind = 'retry' AND data->>'lease_owner' = %s"
+    """Leases of `executor` the reaper took back (lease expired: retried elsewhere). A lease's
+    owner is the executor's session; the session names the executor."""
+    sql = (
+        "SELECT count(*) FROM events e JOIN executor_sessions s ON s.id = e.data->>'lease_owner' "
+        "WHERE e.kind = 'retry' AND s.executor_id = %s"
+    )
     return int(progress.scalar(sql, (executor,)) or 0)
 
 
@@ -122,7 +134,8 @@ def test_paused_executor_results_are_rejected(fault_env: FaultEnv) -> None:
         rounds = 0
         paused: list[float] = []
         while rounds < p.max_rounds and not progress.settled(p.steps):
-            if rounds >= p.rounds and progress.rejected() > 0:
+            told = any(DROPPED_LOST.search(e.output()) for e in executors)
+            if rounds >= p.rounds and (progress.rejected() > 0 or told):
                 break
             victim = executors[rounds % len(executors)]
             victims.add(victim.info["executor_id"])
