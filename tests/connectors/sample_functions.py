@@ -67,3 +67,12 @@ def not_a_number() -> float:
 
 
 NOT_CALLABLE = 42
+
+
+def burn(seconds: float) -> dict[str, int]:
+    """Keep a core busy in Python (holding the GIL between switches) for `seconds`."""
+    deadline = time.monotonic() + seconds
+    spins = 0
+    while time.monotonic() < deadline:
+        spins += sum(range(1000)) > 0
+    return {"spins": spins}
