@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench services-up requirements clean
+	proto proto-check migrations-check bench services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -89,6 +89,17 @@ migrations-check: setup
 
 bench: setup
 	$(PY) -m tests.bench.run
+
+# An executor pool token for deploy/compose.yaml: the token in deploy/.env (compose reads it),
+# only its hash in deploy/executor-tokens.yaml (the controller's). Both are git-ignored.
+compose-token: setup
+	@test ! -e deploy/.env || { echo "deploy/.env exists; remove it to make a new token"; exit 1; }
+	$(BIN)/reach executors create-token --offline --name compose \
+		> deploy/.token 2> deploy/executor-tokens.yaml.tmp
+	@printf 'AGENT_REACH_EXECUTOR_TOKEN=%s\n' "$$(cat deploy/.token)" > deploy/.env && rm deploy/.token
+	@sed -n '/^tokens:/,$$p' deploy/executor-tokens.yaml.tmp > deploy/executor-tokens.yaml
+	@rm deploy/executor-tokens.yaml.tmp
+	@echo "wrote deploy/.env (the token) and deploy/executor-tokens.yaml (its hash)"
 
 services-up:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -n1) main start

@@ -47,3 +47,16 @@ def test_mounted_tools_file_exists_and_dockerfile_inputs_exist() -> None:
             for path in line.split()[1:-1]:
                 assert (ROOT / path).exists(), path
     assert 'ENTRYPOINT ["reach"]' in dockerfile
+
+
+def test_compose_executors_authenticate_with_the_token_the_controller_knows() -> None:
+    controller, executor = OURS["controller"], OURS["executor"]
+    tokens_file = controller["environment"]["AGENT_REACH_CONTROLLER_EXECUTOR_TOKENS"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in controller["volumes"]}
+    assert mounts[tokens_file] == "./executor-tokens.yaml"  # written by `make compose-token`
+    assert executor["environment"]["AGENT_REACH_EXECUTOR_TOKEN"].startswith(
+        "${AGENT_REACH_EXECUTOR_TOKEN:?"
+    )
+    makefile = (ROOT / "Makefile").read_text()
+    assert "deploy/executor-tokens.yaml" in makefile
+    assert "AGENT_REACH_EXECUTOR_TOKEN=" in makefile
