@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import socket
 import sqlite3
 import time
@@ -39,6 +40,7 @@ import psycopg
 import pytest
 import yaml
 
+from agent_reach_controller.identity.pools import token_hash
 from tests.e2e.processes import Cluster, Proc, all_terminal, cluster, wait_until
 from tests.support.otlp import OtlpReceiver
 from tests.support.sink import Delivery, Response, Sink
@@ -69,6 +71,9 @@ OUTCOMES: dict[str, tuple[list[Response], str]] = {
     "redirect": ([], "failed"),  # scripted in the test: its Location holds canaries
 }
 CLOSED = "closed"  # the closed-port tool
+
+
+SESSION = re.compile(r"xs_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
 
 
 def canary(kind: str) -> str:
@@ -212,6 +217,8 @@ class Canaries:
     admin_key: str
     wrong_key: str
     db_password: str | None  # None when the DSN cannot carry one
+    # The executor's pool token: the controller holds only its hash (a provisioning file).
+    executor_token: str = ""
 
     @classmethod
     def new(cls, *, db_password: bool) -> Canaries:
@@ -223,10 +230,15 @@ class Canaries:
             admin_key=canary("admin"),
             wrong_key=canary("wrongkey"),
             db_password=canary("dbpass") if db_password else None,
+            executor_token=canary("executor-token"),
         )
 
     def everything(self) -> dict[str, str]:
-        others = {"admin_key": self.admin_key, "wrong_key": self.wrong_key}
+        others = {
+            "admin_key": self.admin_key,
+            "wrong_key": self.wrong_key,
+            "executor_token": self.executor_token,
+        }
         if self.db_password is not None:
             others["db_password"] = self.db_password
         return {**self.http, **others}
@@ -366,6 +378,10 @@ def check(
     leaks = [
         f"{found} in {label}" for label, text in seen.places for found in secrets.occurrences(text)
     ]
+    # Executor session credentials are secrets the controller makes: never written anywhere.
+    leaks += [
+        f"a session credential in {label}" for label, text in seen.places if SESSION.search(text)
+    ]
     assert not leaks, "secret canaries leaked:\n" + "\n".join(leaks[:50])
 
     # The downstream, and only it, got the secrets: proof the canaries were really used.
@@ -425,6 +441,13 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
             c.env["AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY"] = secrets.admin_key
             c.env["AGENT_REACH_API_KEY"] = secrets.admin_key
             c.env["AGENT_REACH_CONTROLLER_LOG_LEVEL"] = "DEBUG"
+            pools = tmp_path / "canary-pools.json"
+            pools.write_text(
+                json.dumps(
+                    {"tokens": [{"name": "canary", "sha256": token_hash(secrets.executor_token)}]}
+                )
+            )
+            c.env["AGENT_REACH_CONTROLLER_EXECUTOR_TOKENS"] = str(pools)
             ctl = c.controller(
                 "controller",
                 database_url=database_url or postgres_url,
@@ -438,6 +461,7 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
                 if k not in ("AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY", "AGENT_REACH_API_KEY")
             }
             c.env.update(secrets.executor_env())
+            c.env["AGENT_REACH_EXECUTOR_TOKEN"] = secrets.executor_token
             c.executor("executor", controller=ctl, slots=8)
             run = exercise(ctl, secrets, seen)
             stop(c)  # every process flushes its logs and spans before they are read
