@@ -16,7 +16,7 @@ from agent_reach_controller.db import migrate
 from agent_reach_controller.db.engine import STORAGE_DOWN, Database
 from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
-from agent_reach_controller.identity.pools import PoolTokenService, TokenFile
+from agent_reach_controller.identity.pools import PoolTokenService, WatchedTokenFile
 from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.settings import ControllerSettings
@@ -135,7 +135,7 @@ async def open_components(settings: ControllerSettings) -> Components:
     )
     limiter = _limiter(settings, db)
     keys = KeyService(db)
-    pools = PoolTokenService(db, file=TokenFile.load(settings.executor_tokens))
+    pools = PoolTokenService(db, file=WatchedTokenFile(settings.executor_tokens))
     sessions = SessionService(db, liveness=timedelta(seconds=settings.lease_seconds))
     policy = load_policy(settings.policy)
     dispatch = DispatchService(

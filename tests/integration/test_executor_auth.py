@@ -15,10 +15,12 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_controller.identity import keys
+from agent_reach_controller.identity.pools import token_hash
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import running_controller
@@ -403,3 +405,33 @@ async def test_the_admin_api_manages_tokens_and_shows_the_fleet(
     async with plane(database_url, tmp_path) as p, api_client(p.c, roles=("operator",)) as http:
         for call in (http.get("/v1/executors"), http.get("/v1/executor-tokens")):
             assert (await call).status_code == 403
+
+
+async def test_a_pool_removed_from_the_provisioning_file_is_revoked_without_a_restart(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    token = keys.new_key(keys.POOL_TOKEN_PREFIX).token
+    pools = tmp_path / "pools.yaml"
+    entry = {"name": "provisioned", "sha256": token_hash(token), "connectors": ["echo"]}
+    pools.write_text(yaml.safe_dump({"tokens": [entry]}))
+    async with plane(sqlite_url, tmp_path, executor_tokens=pools) as p:
+        task_id = await p.submit(("a", "echo.say"))
+        ex = Executor(p.stub, token, executor_id="provisioned")
+        assert (await ex.register()).pool == "provisioned"
+        assert len(await ex.poll()) == 1
+        pools.write_text(yaml.safe_dump({"tokens": []}))  # the Secret, updated in place
+
+        async def refused() -> bool:
+            try:
+                await ex.beat([])
+            except grpc.aio.AioRpcError as exc:
+                return exc.code() is grpc.StatusCode.UNAUTHENTICATED
+            return False
+
+        await _eventually(refused)
+
+        async def requeued() -> bool:
+            await p.c.dispatch.leases.reap_sessions()
+            return (await p.c.tasks.get(task_id)).steps[0].status == "ready"
+
+        await _eventually(requeued)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from agent_reach_controller import audit
 from agent_reach_controller.db.engine import Database
 from agent_reach_controller.db.schema import executor_sessions, executor_tokens
 from agent_reach_controller.identity import keys
+
+log = logging.getLogger(__name__)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 # The credential of a session opened while executor authentication is off (`--executor-auth off`).
@@ -157,6 +160,62 @@ class TokenFile(BaseModel):
         return cls.model_validate(yaml.safe_load(path.read_text()) or {})
 
 
+class WatchedTokenFile:
+    """The provisioning file, read again when it changes (a Kubernetes Secret is updated in
+    place): a pool added or removed there counts within a couple of seconds, no restart.
+
+    A file that turns unreadable or invalid keeps the last good contents (and says so).
+    """
+
+    def __init__(self, path: Path | None, *, every: float = 2.0) -> None:
+        self.path = path
+        self._every = every
+        self._checked = time.monotonic()
+        self._stamp = self._stat()
+        self.current = TokenFile.load(path)
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            found = self.path.stat()
+        except OSError:
+            return None
+        return (found.st_mtime_ns, found.st_size)
+
+    def refresh(self) -> list[str]:
+        """Re-read the file if it changed; returns the pools it no longer names."""
+        now = time.monotonic()
+        if self.path is None or now - self._checked < self._every:
+            return []
+        self._checked = now
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return []
+        try:
+            fresh = TokenFile.load(self.path)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            log.error(
+                "executor tokens file %s is unreadable or invalid (%s); keeping the last good one",
+                self.path,
+                type(exc).__name__,
+                extra={"event": "executor_tokens_invalid"},
+            )
+            return []
+        self._stamp = stamp
+        before = {(t.name, t.sha256) for t in self.current.tokens}
+        self.current = fresh
+        after = {(t.name, t.sha256) for t in fresh.tokens}
+        gone = sorted({name for name, _ in before - after} - {name for name, _ in after})
+        log.info(
+            "executor tokens file %s reloaded: %d pools",
+            self.path,
+            len(fresh.tokens),
+            extra={"event": "executor_tokens_reloaded", "removed": gone},
+        )
+        return gone
+
+
 def token_hash(token: str) -> str:
     """What a provisioning file stores for a token: the SHA-256 of the whole token, in hex."""
     return hashlib.sha256(token.strip().encode()).hexdigest()
@@ -170,10 +229,10 @@ class PoolTokenService:
     """
 
     def __init__(
-        self, db: Database, *, file: TokenFile | None = None, cache_seconds: float = 2.0
+        self, db: Database, *, file: WatchedTokenFile | None = None, cache_seconds: float = 2.0
     ) -> None:
         self._db = db
-        self._file = file or TokenFile()
+        self._watched = file or WatchedTokenFile(None)
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, tuple[PoolToken, str] | None]] = {}
 
@@ -217,7 +276,7 @@ class PoolTokenService:
         query = sa.select(executor_tokens).order_by(executor_tokens.c.created_at)
         async with self._db.transaction() as conn:
             rows = (await conn.execute(query)).mappings().all()
-        return [PoolToken.of(r) for r in rows] + [t.token() for t in self._file.tokens]
+        return [PoolToken.of(r) for r in rows] + [t.token() for t in self._watched.current.tokens]
 
     async def revoke(self, token_id: str, *, by: str) -> bool:
         """Revoke a database token and end its sessions; False when there is no such live token.
@@ -258,7 +317,8 @@ class PoolTokenService:
         """The scope a token grants, or None (malformed, unknown, wrong or revoked)."""
         token = token.strip()
         digest = token_hash(token)
-        for entry in self._file.tokens:
+        await self._reload()
+        for entry in self._watched.current.tokens:
             if entry.sha256 is not None and hmac.compare_digest(entry.sha256, digest):
                 return entry.token().scope
         parsed = keys.parse(token, keys.POOL_TOKEN_PREFIX)
@@ -276,7 +336,8 @@ class PoolTokenService:
     async def pool(self, name: str) -> PoolScope | None:
         """The scope of a pool by name (a client certificate names one): the file's entry, else
         the newest live database token of that name."""
-        for entry in self._file.tokens:
+        await self._reload()
+        for entry in self._watched.current.tokens:
             if entry.name == name:
                 return _as_cert(entry.token().scope)
         query = (
@@ -288,6 +349,23 @@ class PoolTokenService:
         async with self._db.transaction() as conn:
             row = (await conn.execute(query)).mappings().first()
         return _as_cert(PoolToken.of(row).scope) if row else None
+
+    async def _reload(self) -> None:
+        """Pick up a changed provisioning file; a pool removed from it is revoked: its sessions
+        end (and their leases go back to the queue) as for a revoked database token."""
+        gone = self._watched.refresh()
+        if not gone:
+            return
+        credentials = [f"file:{name}" for name in gone] + [f"cert:{name}" for name in gone]
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                sa.update(executor_sessions)
+                .where(
+                    executor_sessions.c.credential.in_(credentials),
+                    executor_sessions.c.ended_at.is_(None),
+                )
+                .values(ended_at=datetime.now(UTC), end_reason="revoked")
+            )
 
     async def _remembered(self, token_id: str) -> tuple[PoolToken, str] | None:
         now = time.monotonic()
