@@ -98,7 +98,7 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Caller:
+class Authenticated:
     """An authenticated executor call: its session, and whether it speaks sessions at all."""
 
     session: Session
@@ -178,7 +178,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             "(reach executor --token) or a client certificate",
         )
 
-    async def _caller(self, request: Any, context: Any) -> Caller:
+    async def _caller(self, request: Any, context: Any) -> Authenticated:
         """The session a call quotes, checked against the credential it presents."""
         scope = await self._scope(context)
         if request.session:
@@ -189,11 +189,11 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
                     "bad_session",
                     "the session is not one this credential opened",
                 )
-            return Caller(session=session)
+            return Authenticated(session=session)
         if scope.credential == ANONYMOUS:
             session = await self._sessions.legacy(request.executor_id, ANONYMOUS)
             if session is not None:
-                return Caller(session=session, legacy=True)
+                return Authenticated(session=session, legacy=True)
         raise Refused(
             grpc.StatusCode.FAILED_PRECONDITION,
             "session_ended",
@@ -291,15 +291,11 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             forged=forged,
             polls_completed=0 if caller.legacy else max(0, request.polls_completed),
         )
-        session = caller.session
+        session, lost = caller.session, set(outcome.lost)
         return pb.HeartbeatResponse(
             extended=_leases(outcome.extended, session),
             cancelled=_leases(outcome.cancelled, session),
-            lost=[
-                pb.LeaseRef(step_key=lease.step_key, attempt=lease.attempt, token=lease.token)
-                for lease in request.leases
-                if (lease.step_key, lease.attempt) in set(outcome.lost)
-            ],
+            lost=[lease for lease in request.leases if (lease.step_key, lease.attempt) in lost],
             lease_expires_at_ms=to_ms(outcome.expires_at),
         )
 
