@@ -117,7 +117,7 @@ def test_postgres_crash_restarted_repeatedly(fault_env: FaultEnv) -> None:
         lost = progress.scalar(
             "SELECT count(*) FROM events WHERE kind <> 'result_rejected' "
             "AND data->'error'->>'code' = 'lease_lost' "
-            "AND data->'error'->>'message' NOT LIKE '%never reached its executor%'"
+            "AND data->'error'->>'message' NOT LIKE '%%never reached its executor%%'"
         )
         progress.close()
         observe(env.history, api)
