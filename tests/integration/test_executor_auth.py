@@ -263,6 +263,7 @@ async def test_a_replayed_lease_after_a_new_attempt_is_stale(
             return step.status == "ready" and step.attempt == 2
 
         await _eventually(requeued)
+        assert await first.poll(wait_ms=0) == []  # an ended session leases nothing
         (new,) = await second.poll()
         assert new.lease.attempt == old.lease.attempt + 1
         # The old holder's session ended: it must register again and quotes nothing.

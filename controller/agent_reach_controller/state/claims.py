@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition, sources, target
-from agent_reach_controller.db.schema import UtcDateTime, steps
+from agent_reach_controller.db.schema import UtcDateTime, executor_sessions, steps
 from agent_reach_controller.state.records import StepRow
 from agent_reach_controller.state.store import NewEvent, append_events
 
@@ -284,11 +284,21 @@ async def _lease(conn: AsyncConnection, picked: sa.CTE, claim: ClaimInput) -> li
     queued_at = (
         sa.select(picked.c.queued_at).where(picked.c.step_key == steps.c.id).scalar_subquery()
     )
+    # A session's lease is taken only while the session lives (not expired, not revoked): one
+    # condition of this statement, rather than a write per claim.
+    live = (
+        sa.exists().where(
+            executor_sessions.c.id == claim.executor_id, executor_sessions.c.ended_at.is_(None)
+        )
+        if claim.executor
+        else sa.true()
+    )
     stmt = (
         sa.update(steps)
         .where(
             steps.c.id.in_(sa.select(picked.c.step_key)),
             steps.c.status.in_(sources(Transition.LEASE)),
+            live,
         )
         .values(
             status=target(Transition.LEASE),

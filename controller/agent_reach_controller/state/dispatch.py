@@ -405,7 +405,7 @@ class DispatchService:
     ) -> tuple[list[StepRow], datetime | None]:
         """One transaction: lease what is ready, or say when the next deferred step is due.
 
-        A session's claim is also its heartbeat, and fails (SessionEndedError) once it ended.
+        A session that ended leases nothing (its heartbeat tells it to register again).
         """
         if limit <= 0 or not connectors:
             return [], None
@@ -419,8 +419,6 @@ class DispatchService:
                 poll_seq=poll_seq,
             )
             now = claim.now
-            if session is not None and self.sessions is not None:
-                await self.sessions.touch(conn, session.id, now=now)
             rules = await self._governance(conn, connectors, now)
             if rules.active:
                 claimed = await self._claim_governed(conn, claim, rules)
