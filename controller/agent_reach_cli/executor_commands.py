@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agent_reach_cli.process_commands import _ensure_sqlite_dir, _given
+from agent_reach_cli.key_commands import on_database
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -25,22 +25,17 @@ def _split(value: str | None) -> list[str] | None:
 
 
 async def _with_db(args: argparse.Namespace, use: Any) -> Any:
+    """`await use(pool tokens, sessions)` on the database."""
     from datetime import timedelta
 
-    from agent_reach_controller.db.engine import Database
     from agent_reach_controller.identity.pools import PoolTokenService
-    from agent_reach_controller.settings import ControllerSettings
     from agent_reach_controller.state.sessions import SessionService
 
-    settings = ControllerSettings(**_given(args, "database_url"))
-    url = settings.database_url.get_secret_value()
-    _ensure_sqlite_dir(url)
-    db = Database(url)
-    try:
-        sessions = SessionService(db, liveness=timedelta(seconds=settings.lease_seconds))
-        return await use(PoolTokenService(db), sessions)
-    finally:
-        await db.close()
+    def services(db: Any, settings: Any) -> Any:
+        liveness = timedelta(seconds=settings.lease_seconds)
+        return use(PoolTokenService(db), SessionService(db, liveness=liveness))
+
+    return await on_database(args, services)
 
 
 def create_token(args: argparse.Namespace) -> int:

@@ -15,9 +15,9 @@ from typing import Any
 from agent_reach_cli.process_commands import _ensure_sqlite_dir, _given
 
 
-async def _with_keys(args: argparse.Namespace, use: Any) -> Any:
+async def on_database(args: argparse.Namespace, use: Any) -> Any:
+    """`await use(db, settings)` on the database `--database-url` (or the environment) names."""
     from agent_reach_controller.db.engine import Database
-    from agent_reach_controller.identity.service import KeyService
     from agent_reach_controller.settings import ControllerSettings
 
     settings = ControllerSettings(**_given(args, "database_url"))
@@ -25,9 +25,15 @@ async def _with_keys(args: argparse.Namespace, use: Any) -> Any:
     _ensure_sqlite_dir(url)
     db = Database(url)
     try:
-        return await use(KeyService(db))
+        return await use(db, settings)
     finally:
         await db.close()
+
+
+async def _with_keys(args: argparse.Namespace, use: Any) -> Any:
+    from agent_reach_controller.identity.service import KeyService
+
+    return await on_database(args, lambda db, _: use(KeyService(db)))
 
 
 def create(args: argparse.Namespace) -> int:

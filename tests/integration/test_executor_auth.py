@@ -126,6 +126,14 @@ class Plane:
         )
         return view.task_id
 
+    async def held_by_a_real_executor(self) -> tuple[str, Executor, Any]:
+        """A one-step task whose step a registered executor (`real`) holds: (task, it, step)."""
+        task_id = await self.submit(("a", "echo.say"))
+        real = await self.executor("real")
+        await real.register()
+        (step,) = await real.poll()
+        return task_id, real, step
+
     async def events(self, task_id: str, kind: str) -> list[Any]:
         return [e for e in await self.c.tasks.events(task_id) if e.kind == kind]
 
@@ -191,10 +199,7 @@ async def test_a_report_with_no_register_and_a_made_up_id_is_refused(
 ) -> None:
     """The reported hole: ReportResults quoting step_key N / attempt 1 of a running step."""
     async with plane(database_url, tmp_path) as p:
-        task_id = await p.submit(("a", "echo.say"))
-        real = await p.executor("real")
-        await real.register()
-        (step,) = await real.poll()
+        task_id, real, step = await p.held_by_a_real_executor()
         guessed = pb.LeaseRef(step_key=step.lease.step_key, attempt=step.lease.attempt)
         for token in (None, await p.token(pool="same-pool")):
             rogue = Executor(p.stub, token, executor_id="made-up")  # never registered
@@ -210,10 +215,7 @@ async def test_a_forged_report_and_heartbeat_for_a_live_lease_are_refused_and_re
     database_url: str, tmp_path: Path
 ) -> None:
     async with plane(database_url, tmp_path) as p:
-        task_id = await p.submit(("a", "echo.say"))
-        real = await p.executor("real")
-        await real.register()
-        (step,) = await real.poll()
+        task_id, real, step = await p.held_by_a_real_executor()
         assert len(step.lease.token) == 32  # 128 bits, hex
         rogue = await p.executor("rogue", pool="another-pool")
         await rogue.register()
