@@ -120,6 +120,12 @@ class ControllerMetrics:
             [m.REASON],
             registry=r,
         )
+        self._sweep_failures = Counter(
+            m.SWEEP_FAILURES,
+            "Background sweeps that raised (each runs again at its next interval), by sweep.",
+            [m.SWEEP],
+            registry=r,
+        )
         self._sessions_ended = Counter(
             m.EXECUTOR_SESSIONS_ENDED,
             "Executor sessions ended, and their leases released: expired, revoked, replaced.",
@@ -193,6 +199,9 @@ class ControllerMetrics:
 
     def rejected(self, conn: AsyncConnection, reason: str) -> None:
         after_commit(conn, self._rejected.labels(reason).inc)
+
+    def sweep_failed(self, sweep: str) -> None:
+        self._sweep_failures.labels(sweep).inc()
 
     def auth_failed(self, reason: str) -> None:
         self._auth_failures.labels(reason).inc()

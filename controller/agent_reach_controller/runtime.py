@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from agent_reach_controller import audit
+from agent_reach_controller import audit, sweeps
 from agent_reach_controller.db import migrate
-from agent_reach_controller.db.engine import STORAGE_DOWN, Database
+from agent_reach_controller.db.engine import Database
 from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
 from agent_reach_controller.identity.pools import PoolTokenService, WatchedTokenFile
@@ -33,6 +34,7 @@ from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.sessions import SessionService
 from agent_reach_controller.state.tasks import TaskService
 from agent_reach_controller.state.webhooks import ApprovalWebhook, WebhookTarget
+from agent_reach_controller.sweeps import Supervision, Sweep
 from agent_reach_controller.tools.catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
@@ -172,34 +174,31 @@ async def open_components(settings: ControllerSettings) -> Components:
     )
 
 
-async def reap_forever(components: Components) -> None:
-    """The lease reaper: every replica runs it; row locks keep them from colliding."""
-    interval = min(components.settings.reap_interval_seconds, components.settings.lease_seconds / 4)
-    prune_every = 600.0
-    pruned_at = 0.0
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            await components.dispatch.leases.reap_sessions()
-            await components.dispatch.reap_expired()
-            await components.dispatch.expire_unstarted()
-            await components.dispatch.fail_fast_open()
-            await components.dispatch.expire_approvals()
-            await components.tasks.expire_deadlines()
-            await components.dispatch.refresh_queue_depth()
-            await _observe_breakers(components)
-            await audit.seal(components.db, limit=10_000)
-            if loop.time() - pruned_at > prune_every:
-                pruned_at = loop.time()
-                await components.sessions.prune(before=datetime.now(UTC) - timedelta(days=1))
-        except asyncio.CancelledError:
-            raise
-        except STORAGE_DOWN:
-            components.dispatch.leases.storage_down()
-            log.warning("lease reaper: storage unavailable", extra={"event": "storage_down"})
-        except Exception:
-            log.exception("lease reaper failed; retrying", extra={"event": "reaper_error"})
-        await asyncio.sleep(interval)
+def sweeps_of(components: Components) -> list[Sweep]:
+    """Every background duty of a replica, each its own supervised loop."""
+    settings, dispatch = components.settings, components.dispatch
+    every = min(settings.reap_interval_seconds, settings.lease_seconds / 4)
+
+    async def prune_sessions() -> None:
+        await components.sessions.prune(before=datetime.now(UTC) - timedelta(days=1))
+
+    async def seal_audit() -> None:
+        await audit.seal(components.db, limit=10_000)
+
+    duties: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("executor_sessions", dispatch.leases.reap_sessions),
+        ("expired_leases", dispatch.reap_expired),
+        ("schedule_to_start", dispatch.expire_unstarted),
+        ("breaker_fail_fast", dispatch.fail_fast_open),
+        ("approval_expiry", dispatch.expire_approvals),
+        ("task_deadlines", components.tasks.expire_deadlines),
+        ("queue_depth", dispatch.refresh_queue_depth),
+        ("breaker_gauge", lambda: _observe_breakers(components)),
+        ("audit_seal", seal_audit),
+    ]
+    return [Sweep(name=name, run=run, every=every) for name, run in duties] + [
+        Sweep(name="session_prune", run=prune_sessions, every=600.0)
+    ]
 
 
 async def _observe_breakers(components: Components) -> None:
@@ -210,8 +209,12 @@ async def _observe_breakers(components: Components) -> None:
 
 @contextlib.asynccontextmanager
 async def background(components: Components) -> AsyncIterator[None]:
-    """Run the reaper (and the webhook sender, if configured) for the life of the block."""
-    running = [asyncio.create_task(reap_forever(components), name="lease-reaper")]
+    """Run the sweeps (and the webhook sender, if configured) for the life of the block."""
+    supervision = Supervision(
+        failed=components.metrics.sweep_failed,
+        storage_down=components.dispatch.leases.storage_down,
+    )
+    running = sweeps.start(sweeps_of(components), supervision)
     if components.webhook is not None:
         running.append(asyncio.create_task(components.webhook.run_forever(), name="webhook-sender"))
     try:

@@ -27,6 +27,7 @@ RESULTS_REJECTED: Final = "agent_reach_results_rejected"  # counter {reason}
 # that ended, or a connector outside the pool's scope.
 EXECUTOR_AUTH_FAILURES: Final = "agent_reach_executor_auth_failures"  # counter {reason}
 EXECUTOR_SESSIONS_ENDED: Final = "agent_reach_executor_sessions_ended"  # counter {reason}
+SWEEP_FAILURES: Final = "agent_reach_sweep_failures"  # counter {sweep}
 # Executor.
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
 EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}
@@ -36,6 +37,7 @@ EXECUTOR_RESULTS: Final = "agent_reach_executor_results"  # counter {result}
 TOOL: Final = "tool"
 OUTCOME: Final = "outcome"
 REASON: Final = "reason"
+SWEEP: Final = "sweep"
 STATE: Final = "state"
 RESULT: Final = "result"
 
