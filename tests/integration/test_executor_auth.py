@@ -438,14 +438,3 @@ async def test_a_pool_removed_from_the_provisioning_file_is_revoked_without_a_re
             return (await p.c.tasks.get(task_id)).steps[0].status == "ready"
 
         await _eventually(requeued)
-
-
-async def test_every_background_duty_is_its_own_sweep(sqlite_url: str, tmp_path: Path) -> None:
-    from agent_reach_controller.runtime import sweeps_of
-
-    async with plane(sqlite_url, tmp_path) as p:
-        names = [s.name for s in sweeps_of(p.c)]
-        assert len(names) == len(set(names))
-        assert {"executor_sessions", "expired_leases", "audit_seal", "task_deadlines"} <= set(names)
-        running = {t.get_name() for t in asyncio.all_tasks()}
-        assert {f"sweep-{n}" for n in names} <= running
