@@ -37,8 +37,10 @@ class Supervision:
     storage_down: Callable[[], None]
 
 
-async def run_sweep(sweep: Sweep, supervision: Supervision) -> None:
-    """Run `sweep` forever (until cancelled); a failure never ends the loop."""
+async def run_sweep(sweep: Sweep, supervision: Supervision, *, offset: float = 0.0) -> None:
+    """Run `sweep` forever (until cancelled), first after `offset` seconds; a failure never
+    ends the loop."""
+    await asyncio.sleep(offset)
     while True:
         try:
             await sweep.run()
@@ -65,8 +67,15 @@ async def run_sweep(sweep: Sweep, supervision: Supervision) -> None:
 
 
 def start(sweeps: Sequence[Sweep], supervision: Supervision) -> list[asyncio.Task[None]]:
-    """One task per sweep, named after it."""
-    return [
-        asyncio.create_task(run_sweep(sweep, supervision), name=f"sweep-{sweep.name}")
-        for sweep in sweeps
-    ]
+    """One task per sweep, named after it. Sweeps with the same interval are spread across it,
+    so their transactions do not all ask for a connection at the same instant."""
+    tasks = []
+    for sweep in sweeps:
+        peers = [s for s in sweeps if s.every == sweep.every]
+        offset = sweep.every * peers.index(sweep) / len(peers)
+        tasks.append(
+            asyncio.create_task(
+                run_sweep(sweep, supervision, offset=offset), name=f"sweep-{sweep.name}"
+            )
+        )
+    return tasks
