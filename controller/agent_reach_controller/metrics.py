@@ -229,7 +229,7 @@ class ControllerMetrics:
             self._oldest.labels(q.tool).set(max(0.0, age))
 
     def breakers(self, states: Mapping[str, Mapping[str, Any]]) -> None:
-        """Replace the breaker gauge from `DispatchService.breaker_states()`."""
+        """Replace the breaker gauge from `ToolHealth.breaker_states()`."""
         self._breakers.clear()
         for tool, state in states.items():
             self._breakers.labels(tool).set(m.BREAKER_STATES.get(str(state["state"]), 0))

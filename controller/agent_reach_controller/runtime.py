@@ -204,7 +204,9 @@ def sweeps_of(components: Components) -> list[Sweep]:
 async def _observe_breakers(components: Components) -> None:
     """Set the breaker gauge (one read of the guarded tools' rows; none without breakers)."""
     guarded = any(tool.breaker is not None for tool in components.catalog.values())
-    components.metrics.breakers(await components.dispatch.breaker_states() if guarded else {})
+    components.metrics.breakers(
+        await components.dispatch.tool_health.breaker_states() if guarded else {}
+    )
 
 
 @contextlib.asynccontextmanager

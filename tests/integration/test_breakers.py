@@ -42,17 +42,17 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in flaky],
         )
-        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "open"
+        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "open"
         # Open: the other tool still runs, the flaky one waits (deferred, not failed).
         during = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.tool for s in during] == ["echo.say"]
         await asyncio.sleep(0.35)  # the cooldown itself is what is under test
         [probe] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
         assert probe.tool == "flaky.call"
-        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "half_open"
+        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "half_open"
         assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
         await c.dispatch.report(executor_id="x", results=[ok(probe, {})])
-        assert (await c.dispatch.breaker_states())["flaky.call"]["state"] == "closed"
+        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "closed"
         rest = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
         assert len([s for s in rest if s.tool == "flaky.call"]) == 6 - 2 - 1
 
@@ -97,7 +97,7 @@ async def test_an_open_fail_fast_breaker_ends_queued_steps_or_sends_them_to_the_
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in first],
         )
-        shown = await c.dispatch.breaker_states()
+        shown = await c.dispatch.tool_health.breaker_states()
         assert shown["flaky.fast"]["state"] == shown["flaky.routed"]["state"] == "open"
         # The report that opened them already ended what was queued: nothing waits for 60 s.
         view = await c.tasks.get(done.task_id)

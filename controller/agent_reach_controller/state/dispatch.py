@@ -8,9 +8,9 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -44,6 +44,7 @@ from agent_reach_controller.state.records import StepChange, StepRow
 from agent_reach_controller.state.registry import ToolRegistry
 from agent_reach_controller.state.sessions import Session, SessionService
 from agent_reach_controller.state.tasks import TaskService
+from agent_reach_controller.state.tool_health import ToolHealth
 from agent_reach_controller.tools.catalog import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ class DispatchService:
             metrics=self.metrics,
             settle=self._settle,
         )
+        self.tool_health = ToolHealth(db=db, registry=registry, metrics=self.metrics)
         self._rng = random.Random()
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
@@ -167,124 +169,6 @@ class DispatchService:
         # first, nor those kept while it reads, so it adds them back (see refresh_queue_depth).
         self._admitting = 0
         self._kept = 0
-
-    async def _caps(
-        self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
-    ) -> dict[str, int]:
-        """Steps of each limited tool allowed to run at once: its concurrency, its breaker's."""
-        tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
-        caps = {t.name: t.concurrency for t in tools if t.concurrency is not None}
-        guarded = {t.name: t.breaker for t in tools if t.breaker is not None}
-        states = await flow_store.load_breakers(conn, guarded) if guarded else {}
-        for name, policy in guarded.items():
-            allowed = breakers.admission(states.get(name), policy, now)
-            if allowed is not None:
-                caps[name] = min(allowed, caps.get(name, allowed))
-        return caps
-
-    async def _start_probes(self, conn: AsyncConnection, tools: set[str], now: datetime) -> None:
-        """An open breaker whose tool just got a step leased is half-open: that step probes."""
-        guarded = [t for t in tools if (spec := self._registry.catalog.get(t)) and spec.breaker]
-        if not guarded:
-            return
-        states = await flow_store.load_breakers(conn, guarded)
-        probing = [
-            replace(b, state=breakers.BreakerState.HALF_OPEN)
-            for b in states.values()
-            if b.state is breakers.BreakerState.OPEN
-        ]
-        await flow_store.save_breakers(conn, probing, now=now)
-
-    async def _record_outcomes(
-        self, conn: AsyncConnection, changes: Sequence[StepChange], now: datetime
-    ) -> set[str]:
-        """Feed accepted outcomes to their tools' breakers (retryable errors count as failures).
-
-        Returns the tools whose breaker opened.
-        """
-        tally: dict[str, list[int]] = {}
-        for change in changes:
-            spec = self._registry.catalog.get(change.step.tool)
-            if spec is None or spec.breaker is None:
-                continue
-            counts = tally.setdefault(spec.name, [0, 0])
-            error = change.values.get("error") or {}
-            # A downstream in trouble: retries, ambiguous outcomes, retryable errors at the end.
-            failed = change.transition in (Transition.RETRY, Transition.MARK_UNKNOWN) or (
-                change.transition is Transition.FAIL and bool(error.get("retryable"))
-            )
-            counts[1 if failed else 0] += 1
-        if not tally:
-            return set()
-        await flow_store.ensure_breakers(conn, tally, now=now)
-        states = await flow_store.load_breakers(conn, tally, lock=True)
-        updated = []
-        opened = set()
-        for name, (ok_count, failed_count) in tally.items():
-            policy = self._registry.catalog[name].breaker
-            assert policy is not None
-            current = states.get(name) or breakers.closed(name, now)
-            after = breakers.record(
-                current, policy, successes=ok_count, failures=failed_count, now=now
-            )
-            if after != current:
-                updated.append(after)
-                if after.state is not current.state:
-                    if after.state is breakers.BreakerState.OPEN:
-                        opened.add(name)
-                    log.warning(
-                        "circuit breaker of %s: %s -> %s",
-                        name,
-                        current.state,
-                        after.state,
-                        extra={"event": "breaker_changed", "tool": name},
-                    )
-        await flow_store.save_breakers(conn, updated, now=now)
-        return opened
-
-    async def _learn_pauses(
-        self,
-        conn: AsyncConnection,
-        applied: Sequence[tuple[AttemptResult, StepChange]],
-        now: datetime,
-    ) -> None:
-        """A downstream that said "slow down" holds back every step of its tool, not just one."""
-        longest: dict[str, float] = {}
-        for result, change in applied:
-            spec = self._registry.get(change.step.tool, change.step.tool_version)
-            wait = result.hold_back(spec.retry.maximum_retry_after)
-            if wait > 0:
-                longest[change.step.tool] = max(wait, longest.get(change.step.tool, 0.0))
-        for tool, wait in sorted(longest.items()):
-            await flow_store.pause_tool(
-                conn,
-                tool,
-                until=now + timedelta(seconds=wait),
-                reason="the downstream said its quota is spent",
-                now=now,
-            )
-            self.metrics.tool_paused(conn, tool)
-            log.info(
-                "holding back %s for %.1f s: its downstream asked to slow down",
-                tool,
-                wait,
-                extra={"event": "tool_paused", "tool": tool},
-            )
-
-    async def breaker_states(self) -> dict[str, dict[str, Any]]:
-        """Every guarded tool's breaker, for operators (closed when it has no row yet)."""
-        guarded = [t.name for t in self._registry.catalog.values() if t.breaker is not None]
-        async with self._db.transaction() as conn:
-            states = await flow_store.load_breakers(conn, guarded)
-        return {
-            name: {
-                "state": states[name].state.value if name in states else "closed",
-                "calls": states[name].calls if name in states else 0,
-                "failures": states[name].failures if name in states else 0,
-                "opened_at": states[name].opened_at if name in states else None,
-            }
-            for name in guarded
-        }
 
     def _decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
         return Decision(
@@ -429,7 +313,7 @@ class DispatchService:
                 paused = rules.pauses.values()
                 return [], min([due, *paused] if due else paused, default=None)
             await store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
-            await self._start_probes(conn, {s.tool for s in claimed}, now)
+            await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
         claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
         self.metrics.leased(claimed, now=now)
         return claimed, None
@@ -473,26 +357,14 @@ class DispatchService:
         )
         return [s for s in claimed if s.id not in refused]
 
-    async def _pauses(
-        self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
-    ) -> dict[str, datetime]:
-        """Tools of these connectors that their downstream asked to hold back, and until when."""
-        pauses = await flow_store.active_pauses(conn, now=now)
-        catalog = self._registry.catalog
-        return {
-            tool: until
-            for tool, until in pauses.items()
-            if tool in catalog and catalog[tool].connector in connectors
-        }
-
     async def _governance(
         self, conn: AsyncConnection, connectors: Sequence[str], now: datetime
     ) -> Governance:
         """What limits the next lease of these connectors' tools."""
         tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
         return Governance(
-            pauses=await self._pauses(conn, connectors, now),
-            caps=await self._caps(conn, connectors, now),
+            pauses=await self.tool_health.pauses(conn, connectors, now),
+            caps=await self.tool_health.caps(conn, connectors, now),
             per_key={t.name: t.concurrency_per_key.limit for t in tools if t.concurrency_per_key},
             rates={t.name: Rate.of(t.rate_limit) for t in tools if t.rate_limit is not None},
         )
@@ -683,8 +555,8 @@ class DispatchService:
         moved = await store.change_steps(conn, [c for _, c, _ in decided if c], now=now)
         applied = [(r, c) for r, c, _ in decided if c is not None and c.step.id in moved]
         self.metrics.results(conn, applied)
-        opened = await self._record_outcomes(conn, [c for _, c in applied], now)
-        await self._learn_pauses(conn, applied, now)
+        opened = await self.tool_health.record_outcomes(conn, [c for _, c in applied], now)
+        await self.tool_health.learn_pauses(conn, applied, now)
         # Pollers to wake: of steps back in the queue, and of capped tools that freed a slot.
         catalog = self._registry.catalog
         requeued = {
