@@ -105,8 +105,7 @@ class LeaseKeeper:
         async with self._db.transaction() as conn:
             expires = await self.sessions.touch(conn, session.id, now=now)
             current = await store.load_steps_by_key(conn, {k for k, _ in [*leases, *forged]})
-            held = await sessions.held_steps(conn, [session.id])
-            unlisted = await store.load_steps_by_key(conn, [k for k in held if k not in listed])
+            held = await sessions.held_leases(conn, session.id)
             extended: list[tuple[int, int]] = []
             cancelled: list[tuple[int, int]] = []
             lost: list[tuple[int, int]] = list(forged)
@@ -146,9 +145,9 @@ class LeaseKeeper:
             for refusal in refusals:
                 await record_refusal(conn, refusal, metrics=self._metrics, now=now)
             undelivered = {
-                s.id: s.attempt
-                for s in unlisted.values()
-                if s.lease_seq is not None and s.lease_seq <= polls_completed
+                key: attempt
+                for key, attempt, seq in held
+                if key not in listed and seq is not None and seq <= polls_completed
             }
         if undelivered:
             await self.release(

@@ -278,6 +278,16 @@ async def held_steps(conn: AsyncConnection, holders: Sequence[str]) -> list[int]
     return [k for (k,) in rows.all()]
 
 
+async def held_leases(conn: AsyncConnection, holder: str) -> list[tuple[int, int, int | None]]:
+    """(step key, attempt, poll that took it) of every running step this holder leased."""
+    rows = await conn.execute(
+        sa.select(steps.c.id, steps.c.attempt, steps.c.lease_seq).where(
+            steps.c.status == StepStatus.RUNNING, steps.c.lease_owner == holder
+        )
+    )
+    return [(k, a, seq) for k, a, seq in rows.all()]
+
+
 async def orphaned_steps(conn: AsyncConnection, *, limit: int) -> list[int]:
     """Running steps whose holder's session has ended (expired, revoked, replaced)."""
     rows = await conn.execute(
