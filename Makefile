@@ -85,7 +85,7 @@ proto-check: setup
 	done; rm -rf $$tmp; echo "proto stubs are fresh"
 
 migrations-check: setup
-	$(PY) -m agent_reach_controller.db.check
+	$(PY) -m agent_reach_controller.storage.check
 
 bench: setup
 	$(PY) -m tests.bench.run

@@ -35,7 +35,7 @@ def _server_url(database: str) -> str:
 @pytest.fixture(scope="session")
 def postgres_template() -> Iterator[str]:
     """A database migrated once per session; tests clone it (CREATE DATABASE … TEMPLATE)."""
-    from agent_reach_controller.db import migrate
+    from agent_reach_controller.storage import migrate
 
     try:
         admin = psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=3)
@@ -68,7 +68,7 @@ def postgres_url(postgres_template: str) -> Iterator[str]:
 @pytest.fixture
 def sqlite_url(tmp_path: object) -> str:
     """A fresh, migrated SQLite database file for one test."""
-    from agent_reach_controller.db import migrate
+    from agent_reach_controller.storage import migrate
 
     url = f"sqlite:///{tmp_path}/reach.db"
     migrate.upgrade(url)

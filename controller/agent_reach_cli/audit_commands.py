@@ -35,19 +35,16 @@ def _anchor(text: str | None) -> tuple[int, str] | None:
 
 
 def _missing_sqlite_file(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
+    from agent_reach_controller.storage.engine import sqlite_file
 
-    parsed = make_url(url)
-    name = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
-        return None
-    return None if Path(name).exists() else name
+    name = sqlite_file(url)
+    return None if name is None or Path(name).exists() else name
 
 
 def verify(args: argparse.Namespace) -> int:
     from agent_reach_controller.audit import verify as verify_chain
-    from agent_reach_controller.db.engine import Database
     from agent_reach_controller.settings import ControllerSettings
+    from agent_reach_controller.storage.engine import Database
 
     given: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
     url = ControllerSettings(**given).database_url.get_secret_value()

@@ -29,7 +29,7 @@ async def _with_db(args: argparse.Namespace, use: Any) -> Any:
     from datetime import timedelta
 
     from agent_reach_controller.identity.pools import PoolTokenService
-    from agent_reach_controller.state.sessions import SessionService
+    from agent_reach_controller.services.sessions import SessionService
 
     def services(db: Any, settings: Any) -> Any:
         liveness = timedelta(seconds=settings.lease_seconds)

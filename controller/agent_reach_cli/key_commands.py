@@ -17,8 +17,8 @@ from agent_reach_cli.process_commands import _ensure_sqlite_dir, _given
 
 async def on_database(args: argparse.Namespace, use: Any) -> Any:
     """`await use(db, settings)` on the database `--database-url` (or the environment) names."""
-    from agent_reach_controller.db.engine import Database
     from agent_reach_controller.settings import ControllerSettings
+    from agent_reach_controller.storage.engine import Database
 
     settings = ControllerSettings(**_given(args, "database_url"))
     url = settings.database_url.get_secret_value()

@@ -92,8 +92,8 @@ def executor(args: argparse.Namespace) -> int:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    from agent_reach_controller.db import migrate as migrations
     from agent_reach_controller.settings import ControllerSettings
+    from agent_reach_controller.storage import migrate as migrations
 
     configure_logging(fmt="text")
     settings = ControllerSettings(**_given(args, "database_url"))

@@ -14,14 +14,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach import metrics as m
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
-from agent_reach_controller.db.engine import after_commit
-from agent_reach_controller.state.outcomes import AttemptResult
-from agent_reach_controller.state.records import QueuedTool, StepChange, StepRow
+from agent_reach_controller.decide.outcomes import AttemptResult
+from agent_reach_controller.storage.engine import Connection, after_commit
+from agent_reach_controller.storage.records import QueuedTool, StepChange, StepRow
 
 _CODES = frozenset(code.value for code in ErrorCode)
 
@@ -154,7 +153,7 @@ class ControllerMetrics:
             self._start.labels(step.tool).observe(wait, exemplar=_exemplar(step))
 
     def results(
-        self, conn: AsyncConnection, applied: Sequence[tuple[AttemptResult, StepChange]]
+        self, conn: Connection, applied: Sequence[tuple[AttemptResult, StepChange]]
     ) -> None:
         """Attempts closed from executors' results, once their transaction commits."""
         closed = list(applied)
@@ -165,7 +164,7 @@ class ControllerMetrics:
 
         after_commit(conn, record)
 
-    def settled(self, conn: AsyncConnection, changes: Sequence[StepChange]) -> None:
+    def settled(self, conn: Connection, changes: Sequence[StepChange]) -> None:
         """Steps the controller moved itself (lease expiry, a timeout, a refusal), at commit."""
         closed = list(changes)
 
@@ -185,7 +184,7 @@ class ControllerMetrics:
             ran = max(0.0, (result.finished_at - result.started_at).total_seconds())
             self._duration.labels(step.tool, outcome).observe(ran, exemplar=exemplar)
 
-    def rate_limited(self, conn: AsyncConnection, tools: Iterable[str]) -> None:
+    def rate_limited(self, conn: Connection, tools: Iterable[str]) -> None:
         deferred = list(tools)
 
         def record() -> None:
@@ -194,10 +193,10 @@ class ControllerMetrics:
 
         after_commit(conn, record)
 
-    def tool_paused(self, conn: AsyncConnection, tool: str) -> None:
+    def tool_paused(self, conn: Connection, tool: str) -> None:
         after_commit(conn, self._pauses.labels(tool).inc)
 
-    def rejected(self, conn: AsyncConnection, reason: str) -> None:
+    def rejected(self, conn: Connection, reason: str) -> None:
         after_commit(conn, self._rejected.labels(reason).inc)
 
     def sweep_failed(self, sweep: str) -> None:

@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import Any
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
+from agent_reach_controller.decide.advance import AdvanceInput, decide_unblocks
+from agent_reach_controller.decide.approvals import args_hash
+from agent_reach_controller.decide.outcomes import terminal_values
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
-from agent_reach_controller.state.advance import AdvanceInput, decide_unblocks
-from agent_reach_controller.state.approvals import args_hash
-from agent_reach_controller.state.outcomes import terminal_values
-from agent_reach_controller.state.records import EventRow, StepRow, TaskRow
+from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
 ToolLookup = Callable[[str, str], ToolSpec]

@@ -10,31 +10,30 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
-from agent_reach_controller import audit, sweeps
-from agent_reach_controller.db import migrate
-from agent_reach_controller.db.engine import Database
+from agent_reach_controller import audit
 from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
 from agent_reach_controller.identity.pools import PoolTokenService, WatchedTokenFile
 from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.metrics import ControllerMetrics
-from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.dispatch import DispatchService, Guards, LeaseTimings
-from agent_reach_controller.state.feed import EventFeed
-from agent_reach_controller.state.limiter import (
+from agent_reach_controller.services import sweeps
+from agent_reach_controller.services.dispatch import DispatchService, Guards, LeaseTimings
+from agent_reach_controller.services.feed import EventFeed
+from agent_reach_controller.services.limiter import (
     MemoryLimiter,
     RateLimiter,
     RedisLimiter,
     SqlLimiter,
 )
-from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
-from agent_reach_controller.state.registry import ToolRegistry
-from agent_reach_controller.state.sessions import SessionService
-from agent_reach_controller.state.tasks import TaskService
-from agent_reach_controller.state.webhooks import ApprovalWebhook, WebhookTarget
-from agent_reach_controller.sweeps import Supervision, Sweep
+from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.sessions import SessionService
+from agent_reach_controller.services.sweeps import Supervision, Sweep
+from agent_reach_controller.services.tasks import TaskService
+from agent_reach_controller.services.webhooks import ApprovalWebhook, WebhookTarget
+from agent_reach_controller.settings import ControllerSettings
+from agent_reach_controller.storage import migrate
+from agent_reach_controller.storage.engine import Database, libpq_conninfo
+from agent_reach_controller.storage.wakeups import Notifier, PostgresNotifier, RedisNotifier
 from agent_reach_controller.tools.catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
@@ -80,17 +79,12 @@ class Components:
         await self.db.close()
 
 
-def _libpq_conninfo(url: str) -> str:
-    parsed = make_url(url).set(drivername="postgresql")
-    return parsed.render_as_string(hide_password=False)
-
-
 def _notifier(settings: ControllerSettings, db: Database) -> Notifier:
     """Redis pub/sub when configured, else LISTEN/NOTIFY on Postgres, else in-process."""
     if settings.redis_url is not None:
         return RedisNotifier(settings.redis_url.get_secret_value(), channel=WAKE_CHANNEL)
     if db.is_postgres:
-        return PostgresNotifier(_libpq_conninfo(db.url))
+        return PostgresNotifier(libpq_conninfo(db.url))
     return Notifier()
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from agent_reach_controller.db import migrate
+from agent_reach_controller.storage import migrate
 from tests.faults import profiles
 from tests.faults.harness import FaultEnv, Faults, Figures, seed
 from tests.support.history import History

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.dispatch import QueueFullError
+from agent_reach_controller.services.dispatch import QueueFullError
 from tests.integration.stack import api_client, components_for, ok, write_tools
 
 PLAN = {
@@ -270,7 +270,7 @@ async def test_a_connection_lost_mid_transaction_surfaces_as_the_lost_connection
     import sqlalchemy as sa
     from sqlalchemy.exc import OperationalError
 
-    from agent_reach_controller.db.engine import Database
+    from agent_reach_controller.storage.engine import Database
     from tests.conftest import POSTGRES_ADMIN
 
     async def lose_the_connection_mid_transaction() -> None:

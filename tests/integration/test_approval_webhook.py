@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from agent_reach_controller.db.schema import webhook_outbox
 from agent_reach_controller.runtime import Components, background
+from agent_reach_controller.storage.schema import webhook_outbox
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, write_tools
 from tests.integration.test_approvals import PAY, PLAN
 from tests.support.sink import Response, Sink

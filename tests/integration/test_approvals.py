@@ -9,8 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_reach_controller.db.schema import steps
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.storage.schema import steps
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, write_tools
 
 PAY = {

@@ -21,8 +21,8 @@ from sqlalchemy.engine import make_url
 from agent_reach_cli.main import main
 from agent_reach_controller import audit
 from agent_reach_controller.audit.chain import GENESIS
-from agent_reach_controller.db.engine import Database
-from agent_reach_controller.db.schema import audit_log
+from agent_reach_controller.storage.engine import Database
+from agent_reach_controller.storage.schema import audit_log
 
 PAST = datetime.now(UTC) - timedelta(minutes=5)
 REFUSED = r"append-only|is sealed|may only seal"

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.state.tasks import IdempotencyConflictError, SubmitInput
+from agent_reach_controller.services.tasks import IdempotencyConflictError, SubmitInput
 from tests.integration.stack import components_for, ok, write_tools
 
 

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.tasks import SubmitInput
 from tests.integration.stack import TOOLS, components_for, ok, write_tools
 
 CAPPED = {

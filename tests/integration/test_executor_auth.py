@@ -24,8 +24,8 @@ from agent_reach_controller.identity.pools import token_hash
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import running_controller
+from agent_reach_controller.services.tasks import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.tasks import SubmitInput
 from tests.integration.stack import TOOLS, api_client, write_tools
 
 OTHER_TOOLS = [
@@ -377,6 +377,23 @@ async def test_executor_auth_off_admits_executors_without_a_token(
         assert (await p.c.tasks.get(task_id)).steps[0].output == "ok"
 
 
+async def test_executor_auth_off_a_session_kept_on_registering_again_is_quotable(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Without tokens, registering again keeps the executor's live session (its leases stay its
+    own); the credential handed back must name that session, or every later call is refused."""
+    async with plane(sqlite_url, tmp_path, executor_auth="off") as p:
+        task_id = await p.submit(("a", "echo.say"))
+        ex = Executor(p.stub, None, executor_id="current")
+        first = (await ex.register()).session
+        (step,) = await ex.poll()
+        second = (await ex.register()).session
+        assert second != first
+        assert second.split("_", 2)[1] == first.split("_", 2)[1]  # the same session, a new secret
+        assert (await ex.report(step.lease, "ok")).accepted
+        assert (await p.c.tasks.get(task_id)).steps[0].output == "ok"
+
+
 async def test_the_admin_api_manages_tokens_and_shows_the_fleet(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -396,7 +413,7 @@ async def test_the_admin_api_manages_tokens_and_shows_the_fleet(
         assert row["scope"]["connectors"] == ["echo"]
         listed = await http.get("/v1/executor-tokens")
         assert token_id in listed.text
-        assert token.split("_")[-1] not in listed.text  # never the secret
+        assert token.split("_", 2)[2] not in listed.text  # never the secret
         assert (await http.delete(f"/v1/executor-tokens/{token_id}")).status_code == 204
         view = await p.c.tasks.get(task_id)
         assert (view.steps[0].status, view.steps[0].attempt) == ("ready", 2)

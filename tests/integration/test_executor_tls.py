@@ -21,8 +21,8 @@ from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import Bound, running_controller
+from agent_reach_controller.services.tasks import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.tasks import SubmitInput
 from agent_reach_executor import ExecutorSettings, run_executor
 from tests.integration.stack import write_tools
 from tests.support.certs import Authority, Issued

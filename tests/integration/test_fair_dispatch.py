@@ -7,7 +7,7 @@ from typing import Any
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.tasks import SubmitInput
 from tests.integration.stack import components_for, write_tools
 
 

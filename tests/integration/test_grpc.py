@@ -81,7 +81,7 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
     database_url: str, tmp_path: Path
 ) -> None:
     from agent_reach_controller.planning.plan import parse_plan
-    from agent_reach_controller.state.tasks import SubmitInput
+    from agent_reach_controller.services.tasks import SubmitInput
 
     settings = ControllerSettings(
         database_url=database_url,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from agent_reach_controller.db import migrate
-from agent_reach_controller.db.check import round_trip
-from agent_reach_controller.db.engine import sync_url
+from agent_reach_controller.storage import migrate
+from agent_reach_controller.storage.check import round_trip
+from agent_reach_controller.storage.engine import sync_url
 
 
 def test_round_trip_and_check(database_url: str) -> None:

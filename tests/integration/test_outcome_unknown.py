@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent_reach.states import StepStatus
-from agent_reach_controller.state.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from tests.integration.test_api import api
 
 PAY = {"steps": [{"step_id": "pay", "tool": "echo.count", "args": {"n": 5}}]}  # not idempotent
@@ -120,7 +120,7 @@ async def test_lost_lease_of_non_idempotent_step_is_unknown(
 
     import sqlalchemy as sa
 
-    from agent_reach_controller.db.schema import steps
+    from agent_reach_controller.storage.schema import steps
 
     async with api(sqlite_url, tmp_path) as (client, c):
         task_id = (await client.post("/v1/tasks", json=PAY)).json()["task_id"]

@@ -14,15 +14,15 @@ import pytest
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 
-from agent_reach_controller.db.engine import Database
-from agent_reach_controller.db.schema import events
-from agent_reach_controller.flow.ratelimits import Rate, admit
+from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.decide.ratelimits import Rate, admit
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.limiter import RedisLimiter
-from agent_reach_controller.state.outcomes import AttemptError, AttemptResult
-from agent_reach_controller.state.records import StepRow
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.limiter import RedisLimiter
+from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.storage.engine import Database
+from agent_reach_controller.storage.records import StepRow
+from agent_reach_controller.storage.schema import events
 from tests.integration.stack import TOOLS, components_for, ok, write_tools
 
 LIMITED = {
@@ -207,7 +207,7 @@ def _closed_port() -> int:
 
 
 async def test_postgres_decides_while_redis_is_down(postgres_url: str) -> None:
-    from agent_reach_controller.db import migrate
+    from agent_reach_controller.storage import migrate
 
     await asyncio.to_thread(migrate.upgrade, postgres_url)
     db = Database(postgres_url)

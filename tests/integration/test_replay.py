@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_reach_cli.replay_commands import format_dry_run, format_timeline
-from agent_reach_controller.db.schema import steps
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.storage.schema import steps
 from tests.integration.stack import api_client, components_for, failed, ok, write_tools
 
 PLAN = {

@@ -10,7 +10,7 @@ import pytest
 from agent_reach.states import StepStatus, TaskStatus
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import IdempotencyConflictError, SubmitInput
+from agent_reach_controller.services.tasks import IdempotencyConflictError, SubmitInput
 from tests.integration.stack import components_for, failed, ok, write_tools
 
 

@@ -29,12 +29,12 @@ from hypothesis.stateful import (
 )
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, is_legal
-from agent_reach_controller.db import migrate
-from agent_reach_controller.db.schema import events, steps
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
+from agent_reach_controller.services.tasks import ResolveInput, SubmitInput
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.state.tasks import ResolveInput, SubmitInput
+from agent_reach_controller.storage import migrate
+from agent_reach_controller.storage.schema import events, steps
 from tests.conftest import POSTGRES_ADMIN
 from tests.integration.stack import failed, ok, write_tools
 

@@ -10,9 +10,9 @@ import pytest
 
 from agent_reach.states import IllegalTransitionError, StepStatus, Transition
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.state import store
-from agent_reach_controller.state.records import StepChange
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.storage import steps
+from agent_reach_controller.storage.records import StepChange
 from tests.integration.stack import components_for, write_tools
 
 BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
@@ -31,12 +31,12 @@ async def test_stale_row_changes_nothing(database_url: str, tmp_path: Path) -> N
         [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
         now = datetime.now(UTC)
         async with c.db.transaction() as conn:
-            assert await store.change_steps(conn, [succeed(leased, {"n": 1})], now=now) == {
+            assert await steps.change_steps(conn, [succeed(leased, {"n": 1})], now=now) == {
                 leased.id
             }
         async with c.db.transaction() as conn:
             # `leased` still says running/attempt 1, but the row has moved on to succeeded.
-            assert await store.change_steps(conn, [succeed(leased, {"n": 2})], now=now) == set()
+            assert await steps.change_steps(conn, [succeed(leased, {"n": 2})], now=now) == set()
         final = (await c.tasks.get(view.task.task_id)).steps[0]
         assert final.status is StepStatus.SUCCEEDED
         assert final.output == {"n": 1}
@@ -53,7 +53,7 @@ async def test_illegal_transition_is_refused_before_sql(database_url: str, tmp_p
         ready = view.steps[0]
         async with c.db.transaction() as conn:
             with pytest.raises(IllegalTransitionError):
-                await store.change_steps(conn, [succeed(ready, {})], now=datetime.now(UTC))
+                await steps.change_steps(conn, [succeed(ready, {})], now=datetime.now(UTC))
 
 
 async def test_concurrent_transitions_of_one_row_have_one_winner(
@@ -69,7 +69,7 @@ async def test_concurrent_transitions_of_one_row_have_one_winner(
 
         async def attempt(c, output: int) -> set[int]:
             async with c.db.transaction() as conn:
-                return await store.change_steps(
+                return await steps.change_steps(
                     conn, [succeed(leased, output)], now=datetime.now(UTC)
                 )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.rpc.convert import assignment_to_proto
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.tasks import SubmitInput
 from tests.integration.stack import TOOLS, components_for, write_tools
 
 NOBODY_RUNS = {

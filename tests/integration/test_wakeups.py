@@ -15,8 +15,8 @@ import pytest
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.notifier import Notifier, PostgresNotifier, RedisNotifier
-from agent_reach_controller.state.tasks import SubmitInput
+from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.storage.wakeups import Notifier, PostgresNotifier, RedisNotifier
 from tests.integration.stack import components_for, write_tools
 
 BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}

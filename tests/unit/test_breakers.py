@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from agent_reach_controller.flow.breakers import BreakerState, admission, closed, record
+from agent_reach_controller.decide.breakers import admission, closed, record
+from agent_reach_controller.storage.records import BreakerState
 from agent_reach_controller.tools.catalog import BreakerPolicy
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agent_reach_controller.flow.caps import (
+from agent_reach_controller.decide.caps import (
     NO_TENANT_CAPS,
     Ask,
     Cap,

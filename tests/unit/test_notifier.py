@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_reach_controller.state.notifier import (
+from agent_reach_controller.storage.wakeups import (
     Notifier,
     PostgresNotifier,
     Wake,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agent_reach_controller.flow.ratelimits import (
+from agent_reach_controller.decide.ratelimits import (
     SLACK,
     Rate,
     admit,

@@ -8,9 +8,9 @@ import time
 
 from sqlalchemy.exc import OperationalError
 
-from agent_reach_controller import sweeps
 from agent_reach_controller.metrics import ControllerMetrics
-from agent_reach_controller.sweeps import Supervision, Sweep
+from agent_reach_controller.services import sweeps
+from agent_reach_controller.services.sweeps import Supervision, Sweep
 
 
 async def _until(predicate: object, within: float = 5.0) -> None:

@@ -9,7 +9,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -30,11 +29,10 @@ from agent_reach_controller.api.tasks import (
     components,
 )
 from agent_reach_controller.api.tasks import router as tasks_router
-from agent_reach_controller.db.engine import STORAGE_DOWN
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.dispatch import QueueFullError
-from agent_reach_controller.state.tasks import (
+from agent_reach_controller.services.dispatch import QueueFullError
+from agent_reach_controller.services.tasks import (
     ApprovalExpiredError,
     EditedArgumentsError,
     IdempotencyConflictError,
@@ -44,6 +42,7 @@ from agent_reach_controller.state.tasks import (
     StepNotResolvableError,
     TaskNotFoundError,
 )
+from agent_reach_controller.storage.engine import DATABASE_ERRORS, STORAGE_DOWN
 
 log = logging.getLogger(__name__)
 Deps = Annotated[Components, Depends(components)]
@@ -61,7 +60,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(deps: Deps) -> Response:
     try:
         await deps.db.ping()
-    except (OSError, DBAPIError):
+    except DATABASE_ERRORS:
         return storage_unavailable()
     return JSONResponse({"status": "ready"})
 

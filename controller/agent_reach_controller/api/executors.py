@@ -12,7 +12,7 @@ from agent_reach_controller.api.auth import Caller, require_admin
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.identity.pools import NAME_PATTERN, PoolToken
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.sessions import SessionInfo
+from agent_reach_controller.services.sessions import SessionInfo
 
 tokens_router = APIRouter(prefix="/v1/executor-tokens", tags=["executors"], responses=V1_PROBLEMS)
 fleet_router = APIRouter(prefix="/v1/executors", tags=["executors"], responses=V1_PROBLEMS)

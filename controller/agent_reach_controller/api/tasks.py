@@ -23,7 +23,7 @@ from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.tasks import (
+from agent_reach_controller.services.tasks import (
     ApprovalInput,
     CatalogChangedError,
     ResolveInput,

@@ -21,7 +21,7 @@ from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, p
 from agent_reach_controller.api.tasks import BadJsonError, Deps, read_body
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.state.registry import (
+from agent_reach_controller.services.registry import (
     CatalogDiff,
     CatalogRejectedError,
     StaleRevisionError,

@@ -10,15 +10,11 @@ and every UPDATE except that sealing (migration 0010).
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.audit.chain import (
     GENESIS,
@@ -28,8 +24,8 @@ from agent_reach_controller.audit.chain import (
     canonical_json,
     entry_hash,
 )
-from agent_reach_controller.db.engine import Database
-from agent_reach_controller.db.schema import audit_log
+from agent_reach_controller.storage import audit as store
+from agent_reach_controller.storage.engine import Connection, Database
 
 SEAL_LOCK = "agent_reach:v1:audit:seal"
 # An entry says who did what to which object; anything bigger belongs in the event log.
@@ -41,15 +37,6 @@ _SECRET_KEY = re.compile(
     re.IGNORECASE,
 )
 _LIMITS = {"actor": 128, "tenant": 128, "action": 64, "target": 200}
-_COLUMNS = (
-    audit_log.c.id,
-    audit_log.c.at,
-    audit_log.c.actor,
-    audit_log.c.tenant,
-    audit_log.c.action,
-    audit_log.c.target,
-    audit_log.c.data,
-)
 
 
 def _refuse_secrets(value: Any, path: str) -> None:
@@ -73,7 +60,7 @@ def _checked_data(data: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 async def record(  # noqa: PLR0913  (the fields of one entry, all by keyword)
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     actor: str,
     tenant: str | None,
@@ -95,10 +82,18 @@ async def record(  # noqa: PLR0913  (the fields of one entry, all by keyword)
         raise ValueError("an audit entry needs an actor, an action and a target")
     if now.tzinfo is None:
         raise ValueError("audit entries need a timezone-aware time")
-    await conn.execute(sa.insert(audit_log).values(at=now, data=_checked_data(data), **fields))
+    await store.insert_entry(
+        conn,
+        at=now,
+        actor=actor,
+        tenant=tenant,
+        action=action,
+        target=target,
+        data=_checked_data(data),
+    )
 
 
-def _entry(seq: int, row: Any) -> Entry:
+def _entry(seq: int, row: store.AuditRow | store.SealedRow) -> Entry:
     return Entry(
         seq=seq,
         at=row.at,
@@ -110,20 +105,14 @@ def _entry(seq: int, row: Any) -> Entry:
     )
 
 
-async def _head(conn: AsyncConnection) -> tuple[int, str]:
-    row = (
-        await conn.execute(
-            sa.select(audit_log.c.seq, audit_log.c.hash)
-            .where(audit_log.c.seq.is_not(None))
-            .order_by(audit_log.c.seq.desc())
-            .limit(1)
-        )
-    ).first()
-    if row is None:
+async def _head(conn: Connection) -> tuple[int, str]:
+    head = await store.chain_head(conn)
+    if head is None:
         return 0, GENESIS
-    if row.hash is None:
-        raise RuntimeError(f"audit chain head seq {row.seq} has no hash; run `reach audit verify`")
-    return int(row.seq), str(row.hash)
+    seq, digest = head
+    if digest is None:
+        raise RuntimeError(f"audit chain head seq {seq} has no hash; run `reach audit verify`")
+    return seq, digest
 
 
 async def seal(
@@ -135,41 +124,21 @@ async def seal(
     """
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=settle_s)
     async with db.transaction() as conn:
-        if db.is_postgres:
-            locked = await conn.scalar(
-                sa.text("SELECT pg_try_advisory_xact_lock(hashtext(:key))"), {"key": SEAL_LOCK}
-            )
-            if not locked:
-                return 0
-        rows = (
-            await conn.execute(
-                sa.select(*_COLUMNS)
-                .where(audit_log.c.hash.is_(None), audit_log.c.at <= cutoff)
-                .order_by(audit_log.c.id)
-                .limit(limit)
-            )
-        ).all()
+        if not await store.try_seal_lock(conn, SEAL_LOCK):
+            return 0
+        rows = await store.unsealed_entries(conn, cutoff=cutoff, limit=limit)
         if not rows:
             return 0
         seq, prev = await _head(conn)
-        sealed: list[dict[str, Any]] = []
+        sealed: list[store.Seal] = []
         for row in rows:
             seq += 1
             digest = entry_hash(prev, _entry(seq, row))
-            sealed.append({"b_id": row.id, "b_seq": seq, "b_prev": prev, "b_hash": digest})
+            sealed.append(store.Seal(id=row.id, seq=seq, prev_hash=prev, hash=digest))
             prev = digest
-        result = await conn.execute(
-            sa.update(audit_log)
-            .where(audit_log.c.id == sa.bindparam("b_id"), audit_log.c.hash.is_(None))
-            .values(
-                seq=sa.bindparam("b_seq"),
-                prev_hash=sa.bindparam("b_prev"),
-                hash=sa.bindparam("b_hash"),
-            ),
-            sealed,
-        )
-        if result.rowcount != len(sealed):  # cannot happen under the lock: roll back, retry later
-            raise RuntimeError(f"sealed {result.rowcount} of {len(sealed)} audit rows; rolled back")
+        count = await store.seal_entries(conn, sealed)
+        if count != len(sealed):  # cannot happen under the lock: roll back, retry later
+            raise RuntimeError(f"sealed {count} of {len(sealed)} audit rows; rolled back")
         return len(sealed)
 
 
@@ -201,54 +170,20 @@ class VerifyReport:
         return out
 
 
-@contextlib.asynccontextmanager
-async def _snapshot(db: Database) -> AsyncIterator[AsyncConnection]:
-    """One consistent, read-only view of the table (SQLite transactions already are one)."""
-    if not db.is_postgres:
-        async with db.transaction() as conn:
-            yield conn
-        return
-    async with db.engine.connect() as plain:
-        conn = await plain.execution_options(
-            isolation_level="REPEATABLE READ", postgresql_readonly=True
-        )
-        async with conn.begin():
-            yield conn
-
-
-async def _stray_seal(conn: AsyncConnection) -> Problem | None:
+async def _stray_seal(conn: Connection) -> Problem | None:
     """An unsealed-looking row (no seq) that carries a hash: sealing was half done or forged."""
-    row = (
-        await conn.execute(
-            sa.select(audit_log.c.id)
-            .where(
-                audit_log.c.seq.is_(None),
-                sa.or_(audit_log.c.hash.is_not(None), audit_log.c.prev_hash.is_not(None)),
-            )
-            .order_by(audit_log.c.id)
-            .limit(1)
-        )
-    ).first()
-    if row is None:
+    stray = await store.first_stray_seal(conn)
+    if stray is None:
         return None
     return Problem(
-        kind="incomplete_seal", seq=0, id=int(row.id), detail="no seq, but a hash or prev_hash"
+        kind="incomplete_seal", seq=0, id=stray, detail="no seq, but a hash or prev_hash"
     )
 
 
-async def _walk(
-    conn: AsyncConnection, checker: ChainChecker, anchor: tuple[int, str] | None
-) -> None:
+async def _walk(conn: Connection, checker: ChainChecker, anchor: tuple[int, str] | None) -> None:
     batch, after = 1000, None  # no lower bound at first: a seq of 0 or less is a problem too
     while checker.problem is None:
-        rows = (
-            await conn.execute(
-                sa.select(*_COLUMNS, audit_log.c.seq, audit_log.c.prev_hash, audit_log.c.hash)
-                .where(audit_log.c.seq.is_not(None) if after is None else audit_log.c.seq > after)
-                .order_by(audit_log.c.seq)
-                .limit(batch)
-            )
-        ).all()
+        rows = await store.sealed_after(conn, after=after, limit=batch)
         for row in rows:
             entry = _entry(int(row.seq), row)
             if checker.feed(id=row.id, entry=entry, prev_hash=row.prev_hash, hash=row.hash):
@@ -273,13 +208,9 @@ async def verify(db: Database, *, anchor: tuple[int, str] | None = None) -> Veri
     chain must still reach that seq with that hash, which catches a truncated or rewritten tail.
     """
     checker = ChainChecker()
-    async with _snapshot(db) as conn:
-        sealed = int(
-            await conn.scalar(sa.select(sa.func.count()).where(audit_log.c.seq.is_not(None))) or 0
-        )
-        pending = int(
-            await conn.scalar(sa.select(sa.func.count()).where(audit_log.c.seq.is_(None))) or 0
-        )
+    async with store.snapshot(db) as conn:
+        sealed = await store.count_sealed(conn)
+        pending = await store.count_pending(conn)
         await _walk(conn, checker, anchor)
         if checker.problem is None and anchor is not None and checker.head_seq < anchor[0]:
             checker.problem = Problem(

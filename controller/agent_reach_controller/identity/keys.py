@@ -30,6 +30,11 @@ class NewKey:
     secret_hash: str
     token: str  # the whole key, to show once; never stored
 
+    def under(self, key_id: str) -> str:
+        """The same secret under another id: a record that keeps its id gets a new secret."""
+        prefix, _, secret = self.token.split("_", 2)
+        return f"{prefix}_{key_id}_{secret}"
+
 
 def new_key(prefix: str = API_KEY_PREFIX) -> NewKey:
     key_id = secrets.token_hex(6)

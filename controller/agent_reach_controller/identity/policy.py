@@ -28,7 +28,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_reach_controller.flow.caps import TenantCaps
+from agent_reach_controller.decide.caps import TenantCaps
 from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds
 
 # The longest window a tenant's cap may count over.

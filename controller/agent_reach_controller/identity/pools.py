@@ -19,14 +19,17 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_reach_controller import audit
-from agent_reach_controller.db.engine import Database
-from agent_reach_controller.db.schema import executor_sessions, executor_tokens
 from agent_reach_controller.identity import keys
+from agent_reach_controller.storage import identity as storage
+from agent_reach_controller.storage.engine import Database
+from agent_reach_controller.storage.sessions import (
+    revoke_credential_sessions,
+    revoke_token_sessions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +104,16 @@ class PoolToken:
         )
 
     @classmethod
-    def of(cls, row: Any) -> PoolToken:
+    def of(cls, row: storage.PoolTokenRow) -> PoolToken:
         return cls(
-            token_id=row["token_id"],
-            name=row["name"],
-            connectors=_tuple(row["connectors"]),
-            tools=_tuple(row["tools"]),
-            tenant=row["tenant"],
-            created_at=row["created_at"],
-            created_by=row["created_by"],
-            revoked_at=row["revoked_at"],
+            token_id=row.token_id,
+            name=row.name,
+            connectors=_tuple(row.connectors),
+            tools=_tuple(row.tools),
+            tenant=row.tenant,
+            created_at=row.created_at,
+            created_by=row.created_by,
+            revoked_at=row.revoked_at,
         )
 
 
@@ -248,34 +251,33 @@ class PoolTokenService:
         """A new token and its text (the only time the text exists outside the caller)."""
         made = keys.new_key(keys.POOL_TOKEN_PREFIX)
         now = datetime.now(UTC)
-        row: dict[str, Any] = {
-            "token_id": made.key_id,
-            "secret_hash": made.secret_hash,
-            "name": name,
-            "connectors": sorted(set(connectors)) if connectors is not None else None,
-            "tools": sorted(set(tools)) if tools is not None else None,
-            "tenant": tenant,
-            "created_at": now,
-            "created_by": created_by,
-            "revoked_at": None,
-        }
+        row = storage.PoolTokenRow(
+            token_id=made.key_id,
+            secret_hash=made.secret_hash,
+            name=name,
+            connectors=sorted(set(connectors)) if connectors is not None else None,
+            tools=sorted(set(tools)) if tools is not None else None,
+            tenant=tenant,
+            created_at=now,
+            created_by=created_by,
+            revoked_at=None,
+        )
         async with self._db.transaction() as conn:
-            await conn.execute(executor_tokens.insert().values(**row))
+            await storage.insert_pool_token(conn, row)
             await audit.record(
                 conn,
                 actor=created_by,
                 tenant=tenant,
                 action="executor_token.create",
                 target=f"executor_token:{made.key_id}",
-                data={k: row[k] for k in ("name", "connectors", "tools", "tenant")},
+                data={k: getattr(row, k) for k in ("name", "connectors", "tools", "tenant")},
                 now=now,
             )
         return PoolToken.of(row), made.token
 
     async def list(self) -> list[PoolToken]:
-        query = sa.select(executor_tokens).order_by(executor_tokens.c.created_at)
         async with self._db.transaction() as conn:
-            rows = (await conn.execute(query)).mappings().all()
+            rows = await storage.list_pool_tokens(conn)
         return [PoolToken.of(r) for r in rows] + [t.token() for t in self._watched.current.tokens]
 
     async def revoke(self, token_id: str, *, by: str) -> bool:
@@ -286,22 +288,9 @@ class PoolTokenService:
         """
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
-            done = await conn.execute(
-                sa.update(executor_tokens)
-                .where(
-                    executor_tokens.c.token_id == token_id, executor_tokens.c.revoked_at.is_(None)
-                )
-                .values(revoked_at=now)
-            )
-            if done.rowcount:
-                await conn.execute(
-                    sa.update(executor_sessions)
-                    .where(
-                        executor_sessions.c.credential == token_id,
-                        executor_sessions.c.ended_at.is_(None),
-                    )
-                    .values(ended_at=now, end_reason="revoked")
-                )
+            revoked = await storage.revoke_pool_token(conn, token_id, now=now)
+            if revoked:
+                await revoke_token_sessions(conn, token_id, now=now)
                 await audit.record(
                     conn,
                     actor=by,
@@ -311,7 +300,7 @@ class PoolTokenService:
                     now=now,
                 )
         self._cache.pop(token_id, None)
-        return bool(done.rowcount)
+        return revoked
 
     async def authenticate(self, token: str) -> PoolScope | None:
         """The scope a token grants, or None (malformed, unknown, wrong or revoked)."""
@@ -340,14 +329,8 @@ class PoolTokenService:
         for entry in self._watched.current.tokens:
             if entry.name == name:
                 return _as_cert(entry.token().scope)
-        query = (
-            sa.select(executor_tokens)
-            .where(executor_tokens.c.name == name, executor_tokens.c.revoked_at.is_(None))
-            .order_by(executor_tokens.c.created_at.desc())
-            .limit(1)
-        )
         async with self._db.transaction() as conn:
-            row = (await conn.execute(query)).mappings().first()
+            row = await storage.newest_live_pool_token(conn, name)
         return _as_cert(PoolToken.of(row).scope) if row else None
 
     async def _reload(self) -> None:
@@ -358,14 +341,7 @@ class PoolTokenService:
             return
         credentials = [f"file:{name}" for name in gone] + [f"cert:{name}" for name in gone]
         async with self._db.transaction() as conn:
-            await conn.execute(
-                sa.update(executor_sessions)
-                .where(
-                    executor_sessions.c.credential.in_(credentials),
-                    executor_sessions.c.ended_at.is_(None),
-                )
-                .values(ended_at=datetime.now(UTC), end_reason="revoked")
-            )
+            await revoke_credential_sessions(conn, credentials, now=datetime.now(UTC))
 
     async def _remembered(self, token_id: str) -> tuple[PoolToken, str] | None:
         now = time.monotonic()
@@ -376,10 +352,9 @@ class PoolTokenService:
         return cached[1]
 
     async def _load(self, token_id: str) -> tuple[PoolToken, str] | None:
-        query = sa.select(executor_tokens).where(executor_tokens.c.token_id == token_id)
         async with self._db.transaction() as conn:
-            row = (await conn.execute(query)).mappings().first()
-        return (PoolToken.of(row), row["secret_hash"]) if row else None
+            row = await storage.load_pool_token(conn, token_id)
+        return (PoolToken.of(row), row.secret_hash) if row else None
 
 
 def _as_cert(scope: PoolScope) -> PoolScope:

@@ -9,15 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-import sqlalchemy as sa
 
 from agent_reach_controller import audit
-from agent_reach_controller.db.engine import Database
-from agent_reach_controller.db.schema import api_keys
 from agent_reach_controller.identity import keys
 from agent_reach_controller.identity.policy import Action, Policy, Principal
+from agent_reach_controller.storage import identity as storage
+from agent_reach_controller.storage.engine import Database
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$"
 BOOTSTRAP_KEY_ID = "bootstrap"
@@ -34,15 +31,15 @@ class KeyInfo:
     revoked_at: datetime | None
 
     @classmethod
-    def of(cls, row: Any) -> KeyInfo:
+    def of(cls, row: storage.ApiKeyRow) -> KeyInfo:
         return cls(
-            key_id=row["key_id"],
-            name=row["name"],
-            tenant=row["tenant"],
-            roles=tuple(row["roles"]),
-            created_at=row["created_at"],
-            created_by=row["created_by"],
-            revoked_at=row["revoked_at"],
+            key_id=row.key_id,
+            name=row.name,
+            tenant=row.tenant,
+            roles=tuple(row.roles),
+            created_at=row.created_at,
+            created_by=row.created_by,
+            revoked_at=row.revoked_at,
         )
 
 
@@ -59,35 +56,32 @@ class KeyService:
         """A new key and its token (the only time the token exists outside the caller)."""
         made = keys.new_key()
         now = datetime.now(UTC)
-        row: dict[str, Any] = {
-            "key_id": made.key_id,
-            "secret_hash": made.secret_hash,
-            "name": name,
-            "tenant": tenant,
-            "roles": sorted(set(roles)),
-            "created_at": now,
-            "created_by": created_by,
-            "revoked_at": None,
-        }
+        row = storage.ApiKeyRow(
+            key_id=made.key_id,
+            secret_hash=made.secret_hash,
+            name=name,
+            tenant=tenant,
+            roles=sorted(set(roles)),
+            created_at=now,
+            created_by=created_by,
+            revoked_at=None,
+        )
         async with self._db.transaction() as conn:
-            await conn.execute(api_keys.insert().values(**row))
+            await storage.insert_api_key(conn, row)
             await audit.record(
                 conn,
                 actor=created_by,
                 tenant=tenant,
                 action="key.create",
                 target=f"key:{made.key_id}",
-                data={"name": name, "roles": row["roles"]},
+                data={"name": name, "roles": row.roles},
                 now=now,
             )
         return KeyInfo.of(row), made.token
 
     async def list(self, *, tenant: str | None = None) -> list[KeyInfo]:
-        query = sa.select(api_keys).order_by(api_keys.c.created_at)
-        if tenant is not None:
-            query = query.where(api_keys.c.tenant == tenant)
         async with self._db.transaction() as conn:
-            rows = (await conn.execute(query)).mappings().all()
+            rows = await storage.list_api_keys(conn, tenant=tenant)
         return [KeyInfo.of(r) for r in rows]
 
     async def get(self, key_id: str) -> KeyInfo | None:
@@ -97,23 +91,15 @@ class KeyService:
     async def _load(self, key_id: str) -> tuple[KeyInfo, str] | None:
         """A key's record and its secret's hash, read from the database."""
         async with self._db.transaction() as conn:
-            row = (
-                (await conn.execute(sa.select(api_keys).where(api_keys.c.key_id == key_id)))
-                .mappings()
-                .first()
-            )
-        return (KeyInfo.of(row), row["secret_hash"]) if row else None
+            row = await storage.load_api_key(conn, key_id)
+        return (KeyInfo.of(row), row.secret_hash) if row else None
 
     async def revoke(self, key_id: str, *, by: str = "reach keys revoke") -> bool:
         """Revoke a key; False when there is no such live key."""
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
-            done = await conn.execute(
-                sa.update(api_keys)
-                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
-                .values(revoked_at=now)
-            )
-            if done.rowcount:
+            revoked = await storage.revoke_api_key(conn, key_id, now=now)
+            if revoked:
                 await audit.record(
                     conn,
                     actor=by,
@@ -123,7 +109,7 @@ class KeyService:
                     now=now,
                 )
         self._cache.pop(key_id, None)
-        return bool(done.rowcount)
+        return revoked
 
     async def recent(self, key_id: str) -> KeyInfo | None:
         """A key's record, remembered for a couple of seconds (a revoke here forgets it)."""

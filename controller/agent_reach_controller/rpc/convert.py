@@ -10,8 +10,8 @@ from typing import Any
 from agent_reach.ids import make_traceparent
 from agent_reach.telemetry import dispatch_span_id
 from agent_reach.v1 import executor_pb2 as pb
-from agent_reach_controller.state.outcomes import AttemptError, AttemptResult, closes_at
-from agent_reach_controller.state.records import StepRow
+from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult, closes_at
+from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
 
 

@@ -18,7 +18,6 @@ from agent_reach import telemetry
 from agent_reach.telemetry import tracing_enabled
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
-from agent_reach_controller.db.engine import STORAGE_DOWN
 from agent_reach_controller.identity.pools import ANONYMOUS, PoolScope, PoolTokenService
 from agent_reach_controller.rpc.convert import (
     BadResultError,
@@ -26,15 +25,16 @@ from agent_reach_controller.rpc.convert import (
     result_from_proto,
     to_ms,
 )
-from agent_reach_controller.state.dispatch import DispatchService
-from agent_reach_controller.state.records import StepRow
-from agent_reach_controller.state.registry import ToolRegistry
-from agent_reach_controller.state.sessions import (
+from agent_reach_controller.services.dispatch import DispatchService
+from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.sessions import (
     Announcement,
     Session,
     SessionEndedError,
     SessionService,
 )
+from agent_reach_controller.storage.engine import STORAGE_DOWN
+from agent_reach_controller.storage.records import StepRow
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000

@@ -1,1 +1,0 @@
-"""Storage: the schema, engines for Postgres and SQLite, and migrations."""

@@ -1,0 +1,151 @@
+"""Deciding which blocked steps can move: dependencies, `when` conditions, references, schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
+from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
+from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
+from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
+from agent_reach_controller.planning.plan import validate_resolved_args
+from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
+from agent_reach_controller.storage.records import StepChange, StepRow
+from agent_reach_controller.tools.catalog import ToolSpec
+
+ToolLookup = Callable[[str, str], ToolSpec]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdvanceInput:
+    steps: list[StepRow]
+    context: Mapping[str, Any]
+    tool_of: ToolLookup
+    now: datetime
+    budget: Budget = field(default_factory=Budget)
+
+
+def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
+    """Every transition out of `blocked` that the current step states allow, to a fixpoint.
+
+    A skip or failure decided here can unblock (and usually skip) dependants in the same pass, so
+    a whole chain settles in one transaction.
+    """
+    by_id = {s.step_id: s for s in data.steps}
+    status: dict[str, StepStatus] = {s.step_id: s.status for s in data.steps}
+    changes: list[StepChange] = []
+    progressed = True
+    while progressed:
+        progressed = False
+        for step in data.steps:
+            if status[step.step_id] is not StepStatus.BLOCKED:
+                continue
+            if any(status[d] not in TERMINAL_STEP_STATES for d in step.depends_on):
+                continue
+            change = _decide_one(step, by_id=by_id, status=status, data=data)
+            changes.append(change)
+            status[step.step_id] = target(change.transition)
+            progressed = True
+    return changes
+
+
+def _decide_one(
+    step: StepRow,
+    *,
+    by_id: Mapping[str, StepRow],
+    status: Mapping[str, StepStatus],
+    data: AdvanceInput,
+) -> StepChange:
+    tool = data.tool_of(step.tool, step.tool_version)
+    not_done = [d for d in step.depends_on if status[d] is not StepStatus.SUCCEEDED]
+    if not_done:
+        first = not_done[0]
+        message = f"skipped because step '{first}' {status[first].value}"
+        return _end(step, tool, data, Transition.SKIP, (ErrorCode.DEPENDENCY_FAILED, message))
+    outputs = {d: by_id[d].output for d in step.depends_on}
+    if step.when_expr:
+        try:
+            go = evaluate(
+                compile_condition(step.when_expr),
+                steps={d: {"output": outputs[d], "status": status[d].value} for d in outputs},
+                context=dict(data.context),
+            )
+        except ConditionError as exc:
+            return _end(step, tool, data, Transition.FAIL, (ErrorCode.CONDITION_ERROR, str(exc)))
+        if not go:
+            message = f"skipped because its condition is false: {step.when_expr}"
+            return _end(step, tool, data, Transition.SKIP, (ErrorCode.CONDITION_FALSE, message))
+    return _unblock(step, tool, outputs, data)
+
+
+def _unblock(
+    step: StepRow, tool: ToolSpec, outputs: Mapping[str, Any], data: AdvanceInput
+) -> StepChange:
+    """Ready with resolved, re-validated arguments, within budget; or failed, saying why."""
+    try:
+        resolved = resolve(step.args, outputs)
+    except UnresolvedReferenceError as exc:
+        message = f"argument {exc.pointer} could not be resolved: {exc.detail}"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    problems = validate_resolved_args(tool, resolved)
+    if problems:
+        detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
+        message = f"arguments are invalid after resolving references: {detail}"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    if not data.budget.take():
+        message = "not started: the task's attempt budget is spent"
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
+    values: dict[str, Any] = {"resolved_args": resolved}
+    if tool.hold is not None:
+        # The undo window: the step is queued but not due, and a cancel still stops it.
+        values["not_before"] = data.now + timedelta(seconds=tool.hold)
+    due = start_by(step, tool, values.get("not_before", data.now))
+    if due is not None:
+        values["start_by"] = due
+    if tool.rate_limit is not None and tool.rate_limit.key is not None:
+        values["rate_key"] = step_key(tool, resolved)
+    if tool.concurrency_per_key is not None:
+        values["concurrency_key"] = concurrency_key(tool, resolved)
+    return StepChange(step=step, transition=Transition.UNBLOCK, values=values)
+
+
+def _end(
+    step: StepRow,
+    tool: ToolSpec,
+    data: AdvanceInput,
+    transition: Transition,
+    error: tuple[ErrorCode, str],
+) -> StepChange:
+    code, message = error
+    values = terminal_values(
+        step,
+        tool=tool,
+        transition=transition,
+        now=data.now,
+        error={"code": code.value, "message": message, "retryable": False},
+    )
+    return StepChange(
+        step=step, transition=transition, values=values, event_data={"error": values["error"]}
+    )
+
+
+# A step holds attempts once it is queued or has ever started (its current attempt included).
+HOLDS_ATTEMPTS = frozenset(
+    {StepStatus.READY, StepStatus.RUNNING, StepStatus.AWAITING_APPROVAL, StepStatus.OUTCOME_UNKNOWN}
+)
+
+
+def attempts_held(steps: list[StepRow]) -> int:
+    """Attempts a task's steps have used or reserved, counted against `budget.max_attempts`."""
+    return sum(s.attempt for s in steps if s.status in HOLDS_ATTEMPTS or s.started_at is not None)
+
+
+def budget_for(max_attempts: int | None, steps: list[StepRow]) -> Budget:
+    """What is left of a task's attempt budget, given all its steps."""
+    if max_attempts is None:
+        return Budget()
+    return Budget(left=max_attempts - attempts_held(steps))

@@ -1,0 +1,115 @@
+"""Approvals of dangerous steps: bound to the tool version and a hash of the exact arguments.
+
+An approval is asked for when a `dangerous` step becomes ready; it says which tool version and
+which arguments (a SHA-256 of their canonical JSON) it is about, and until when it may be given.
+It is checked again when the step is leased, so an approval can never be spent on other
+arguments, another step or another version of the tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import Transition
+from agent_reach_controller.decide.outcomes import Decision, terminal_values
+from agent_reach_controller.storage.records import StepChange, StepRow
+from agent_reach_controller.tools.catalog import ToolSpec
+
+
+def args_hash(args: Any) -> str:
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def request_values(
+    step: StepRow, resolved: Any, *, now: datetime, ttl: timedelta
+) -> dict[str, Any]:
+    """The columns of a step that starts waiting for approval."""
+    return {
+        "approval": {
+            "step": f"{step.task_id}/{step.step_id}",
+            "tool": step.tool,
+            "tool_version": step.tool_version,
+            "args_hash": args_hash(resolved),
+            "requested_at": now.isoformat(),
+        },
+        "decide_by": now + ttl,
+    }
+
+
+def mismatch(step: StepRow) -> str | None:
+    """Why a leased dangerous step may not run on its approval; None when the approval holds."""
+    approval = step.approval or {}
+    if approval.get("decision") != "approved":
+        return "not run: it has no approval"
+    if approval.get("step") != f"{step.task_id}/{step.step_id}":
+        return "not run: its approval is for another step"
+    if approval.get("tool") != step.tool or approval.get("tool_version") != step.tool_version:
+        return "not run: its approval is for another version of the tool"
+    args = step.resolved_args if step.resolved_args is not None else step.args
+    if approval.get("args_hash") != args_hash(args):
+        return "not run: its arguments are not the ones that were approved"
+    return None
+
+
+def decided(  # noqa: PLR0913 - one decision's facts, all by keyword
+    step: StepRow,
+    tool: ToolSpec,
+    *,
+    approve: bool,
+    by: str,
+    reason: str,
+    now: datetime,
+    args: dict[str, Any] | None = None,
+) -> StepChange:
+    """A person's decision on a waiting step: approved (perhaps with edited arguments), or not.
+
+    The caller has checked that the step waits, that the approval has not expired, that the
+    decider may decide, and that edited arguments fit the tool's schema.
+    """
+    approval = dict(step.approval or {})
+    if not approve:
+        message = f"rejected by {by}" + (f": {reason}" if reason else "")
+        error = {"code": ErrorCode.REJECTED.value, "message": message, "retryable": False}
+        ended = terminal_values(step, tool=tool, transition=Transition.REJECT, now=now, error=error)
+        ended["approval"] = approval | {"decision": "rejected", "by": by, "at": now.isoformat()}
+        ended["decide_by"] = None
+        return StepChange(
+            step=step,
+            transition=Transition.REJECT,
+            values=ended,
+            event_data={"by": by, "reason": reason, "error": error},
+        )
+    before = step.resolved_args if step.resolved_args is not None else step.args
+    final = before if args is None else args
+    approval |= {
+        "decision": "approved",
+        "by": by,
+        "at": now.isoformat(),
+        "args_hash": args_hash(final),
+    }
+    values: dict[str, Any] = {"approval": approval, "decide_by": None}
+    data: dict[str, Any] = {"by": by, "reason": reason}
+    if args is not None and args != before:
+        values["resolved_args"] = args
+        data["edited"] = {"before": before, "after": args}
+    return StepChange(step=step, transition=Transition.APPROVE, values=values, event_data=data)
+
+
+def expired(step: StepRow, ctx: Decision) -> StepChange:
+    """Nobody decided in time: the step is rejected, and the model is told why."""
+    asked = (step.approval or {}).get("requested_at", "")
+    message = f"not approved in time: nobody decided on it (asked at {asked})"
+    error = {"code": ErrorCode.REJECTED.value, "message": message, "retryable": False}
+    values = terminal_values(
+        step, tool=ctx.tool, transition=Transition.REJECT, now=ctx.now, error=error
+    )
+    values["approval"] = dict(step.approval or {}) | {"decision": "expired"}
+    values["decide_by"] = None
+    return StepChange(
+        step=step, transition=Transition.REJECT, values=values, event_data={"error": error}
+    )

@@ -1,1 +1,0 @@
-"""Flow control at dispatch: circuit breakers (concurrency caps live in the claim itself)."""

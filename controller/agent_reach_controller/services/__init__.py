@@ -1,0 +1,1 @@
+"""Use cases by job: intake, leasing, reporting, sweeps, admission, operator actions, queries."""

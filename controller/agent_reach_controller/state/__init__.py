@@ -1,1 +1,0 @@
-"""The state machine's use cases: submit, advance, dispatch, record results, cancel."""

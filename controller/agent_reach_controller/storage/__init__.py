@@ -1,0 +1,1 @@
+"""Storage: every SQL statement, the schema, engines for Postgres and SQLite, and migrations."""

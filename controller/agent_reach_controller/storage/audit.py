@@ -1,0 +1,190 @@
+"""SQL of the hash-chained audit log (`audit/log.py` is the use case).
+
+Rows are inserted unsealed; sealing sets `seq`, `prev_hash` and `hash`, which the caller
+computes (`audit/chain.py`). Triggers refuse every DELETE and every UPDATE but that sealing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.storage.schema import audit_log
+
+_COLUMNS = (
+    audit_log.c.id,
+    audit_log.c.at,
+    audit_log.c.actor,
+    audit_log.c.tenant,
+    audit_log.c.action,
+    audit_log.c.target,
+    audit_log.c.data,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRow:
+    """An entry's stored content, sealed or not (what its hash covers, plus its `id`)."""
+
+    id: int
+    at: datetime
+    actor: str
+    tenant: str | None
+    action: str
+    target: str
+    data: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SealedRow:
+    """A sealed entry: its content and its place in the chain."""
+
+    id: int
+    at: datetime
+    actor: str
+    tenant: str | None
+    action: str
+    target: str
+    data: Any
+    seq: int
+    prev_hash: str | None
+    hash: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seal:
+    """The chain fields to write on one unsealed row."""
+
+    id: int
+    seq: int
+    prev_hash: str
+    hash: str
+
+
+async def insert_entry(  # noqa: PLR0913  (the fields of one entry, all by keyword)
+    conn: Connection,
+    *,
+    at: datetime,
+    actor: str,
+    tenant: str | None,
+    action: str,
+    target: str,
+    data: dict[str, Any],
+) -> None:
+    """INSERT one unsealed entry (no seq, no hash)."""
+    await conn.execute(
+        sa.insert(audit_log).values(
+            at=at, data=data, actor=actor, tenant=tenant, action=action, target=target
+        )
+    )
+
+
+async def try_seal_lock(conn: Connection, key: str) -> bool:
+    """Take the sealer's transaction-scoped advisory lock without waiting (SQLite: always)."""
+    if conn.dialect.name != "postgresql":
+        return True
+    locked = await conn.scalar(
+        sa.text("SELECT pg_try_advisory_xact_lock(hashtext(:key))"), {"key": key}
+    )
+    return bool(locked)
+
+
+async def unsealed_entries(conn: Connection, *, cutoff: datetime, limit: int) -> list[AuditRow]:
+    """Up to `limit` unsealed entries recorded at or before `cutoff`, in id order."""
+    rows = await conn.execute(
+        sa.select(*_COLUMNS)
+        .where(audit_log.c.hash.is_(None), audit_log.c.at <= cutoff)
+        .order_by(audit_log.c.id)
+        .limit(limit)
+    )
+    return [AuditRow(**r) for r in rows.mappings()]
+
+
+async def chain_head(conn: Connection) -> tuple[int, str | None] | None:
+    """The (seq, hash) of the sealed entry with the highest seq; None when nothing is sealed."""
+    row = (
+        await conn.execute(
+            sa.select(audit_log.c.seq, audit_log.c.hash)
+            .where(audit_log.c.seq.is_not(None))
+            .order_by(audit_log.c.seq.desc())
+            .limit(1)
+        )
+    ).first()
+    if row is None:
+        return None
+    return int(row.seq), row.hash
+
+
+async def seal_entries(conn: Connection, seals: Sequence[Seal]) -> int:
+    """Write seq, prev_hash and hash on these rows if still unsealed; returns how many were."""
+    result = await conn.execute(
+        sa.update(audit_log)
+        .where(audit_log.c.id == sa.bindparam("b_id"), audit_log.c.hash.is_(None))
+        .values(
+            seq=sa.bindparam("b_seq"),
+            prev_hash=sa.bindparam("b_prev"),
+            hash=sa.bindparam("b_hash"),
+        ),
+        [{"b_id": s.id, "b_seq": s.seq, "b_prev": s.prev_hash, "b_hash": s.hash} for s in seals],
+    )
+    return int(result.rowcount)
+
+
+@contextlib.asynccontextmanager
+async def snapshot(db: Database) -> AsyncIterator[Connection]:
+    """One consistent, read-only view of the table (SQLite transactions already are one)."""
+    if not db.is_postgres:
+        async with db.transaction() as conn:
+            yield conn
+        return
+    async with db.engine.connect() as plain:
+        conn = await plain.execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
+        async with conn.begin():
+            yield conn
+
+
+async def count_sealed(conn: Connection) -> int:
+    """How many entries are sealed (have a seq)."""
+    counted = await conn.scalar(sa.select(sa.func.count()).where(audit_log.c.seq.is_not(None)))
+    return int(counted or 0)
+
+
+async def count_pending(conn: Connection) -> int:
+    """How many entries are not sealed yet (no seq)."""
+    counted = await conn.scalar(sa.select(sa.func.count()).where(audit_log.c.seq.is_(None)))
+    return int(counted or 0)
+
+
+async def sealed_after(conn: Connection, *, after: int | None, limit: int) -> list[SealedRow]:
+    """Up to `limit` sealed entries in seq order, those past seq `after` (None: from the first)."""
+    rows = await conn.execute(
+        sa.select(*_COLUMNS, audit_log.c.seq, audit_log.c.prev_hash, audit_log.c.hash)
+        .where(audit_log.c.seq.is_not(None) if after is None else audit_log.c.seq > after)
+        .order_by(audit_log.c.seq)
+        .limit(limit)
+    )
+    return [SealedRow(**r) for r in rows.mappings()]
+
+
+async def first_stray_seal(conn: Connection) -> int | None:
+    """The lowest id of a row with no seq but a hash or prev_hash (a half-done or forged seal)."""
+    row = (
+        await conn.execute(
+            sa.select(audit_log.c.id)
+            .where(
+                audit_log.c.seq.is_(None),
+                sa.or_(audit_log.c.hash.is_not(None), audit_log.c.prev_hash.is_not(None)),
+            )
+            .order_by(audit_log.c.id)
+            .limit(1)
+        )
+    ).first()
+    return None if row is None else int(row.id)

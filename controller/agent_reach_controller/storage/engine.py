@@ -1,0 +1,172 @@
+"""Engines for Postgres (psycopg 3) and SQLite (aiosqlite) behind one transaction interface."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, PendingRollbackError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+# The handle every storage function takes: one connection inside one transaction. Layers above
+# storage name it by this alias and never import SQLAlchemy themselves.
+Connection = AsyncConnection
+
+# Keys under this prefix in `conn.info` live for one transaction only.
+TX_STATE_PREFIX = "agent_reach.tx."
+_BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
+_AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
+CommitHook = Callable[[AsyncConnection], Awaitable[None]]
+AfterCommit = Callable[[], Awaitable[None]]
+# Told about every transaction of a Database just before it commits; what it returns runs once
+# the commit has succeeded (never after a rollback).
+CommitObserver = Callable[[AsyncConnection], Awaitable[AfterCommit | None]]
+
+
+def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
+    """Run `hook(conn)` just before this transaction commits (not if it rolls back)."""
+    conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
+
+
+def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
+    """Call `done()` once this transaction has committed (never if it rolls back or the commit
+    fails): for what must count only what really happened, such as metrics."""
+    conn.info.setdefault(_AFTER_COMMIT, []).append(done)
+
+
+def normalize_url(url: str) -> str:
+    """Map user-facing URLs (`postgresql://`, `sqlite:///x.db`) to the async drivers we ship."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    elif backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    else:
+        raise ValueError(f"unsupported database {backend!r}: use postgresql:// or sqlite://")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    """The same database through a synchronous driver (for Alembic)."""
+    parsed = make_url(normalize_url(url))
+    driver = "postgresql+psycopg" if parsed.get_backend_name() == "postgresql" else "sqlite"
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+# What a lost or unreachable database raises: callers answer "unavailable, retry", never 500.
+STORAGE_DOWN: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PendingRollbackError,
+    ConnectionError,
+)
+
+
+# What a failed ping raises: the driver refused, or the socket did.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (OSError, DBAPIError)
+
+
+def libpq_conninfo(url: str) -> str:
+    """A Postgres URL as libpq (psycopg, LISTEN) takes it, whatever driver the user named."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file a `sqlite:///` URL names (None for other backends and in-memory databases)."""
+    parsed = make_url(url)
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return None
+    return name
+
+
+class Database:
+    """An async engine plus the one way to open a transaction.
+
+    SQLite allows a single writer, so there every transaction is serialised by an asyncio lock
+    (embedded mode is one process); Postgres transactions run concurrently and rely on row locks.
+    """
+
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+        self.url = normalize_url(url)
+        parsed = make_url(self.url)
+        self.dialect = parsed.get_backend_name()
+        self._lock: asyncio.Lock | None = None
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.dialect == "sqlite":
+            self._lock = asyncio.Lock()
+            kwargs["poolclass"] = StaticPool
+            kwargs["connect_args"] = {"check_same_thread": False}
+        else:
+            kwargs["pool_size"] = pool_size
+            kwargs["max_overflow"] = pool_size
+            kwargs["pool_pre_ping"] = True
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        if self.dialect == "sqlite":
+            sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self._observers: list[CommitObserver] = []
+
+    def observe_commits(self, observer: CommitObserver) -> None:
+        """Call `observer(conn)` in every transaction just before its `before_commit` hooks.
+
+        The callable it returns, if any, is awaited once the transaction has committed (outside
+        SQLite's writer lock); a transaction that rolls back calls nothing.
+        """
+        self._observers.append(observer)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection inside a transaction: committed on success, rolled back on error.
+
+        Callbacks registered with `before_commit` run, in order, just before a successful
+        commit (batched writes such as the event log use it); observers (`observe_commits`)
+        run before them, and what they return after the commit, after the `after_commit` ones.
+        """
+        committed: list[AfterCommit] = []
+        async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
+            # Read once, while the connection is sound: on a connection that died mid-way
+            # `conn.info` raises, and that error would replace the real one (a lost database).
+            info = conn.info
+            try:
+                yield conn
+                for observer in self._observers:
+                    then = await observer(conn)
+                    if then is not None:
+                        committed.append(then)
+                for hook in info.get(_BEFORE_COMMIT, ()):
+                    await hook(conn)
+                finished = list(info.get(_AFTER_COMMIT, ()))
+            finally:
+                for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
+                    del info[key]
+        for done in finished:
+            done()
+        for then in committed:
+            await then()
+
+    async def ping(self) -> None:
+        """Raise if the database cannot answer a trivial query."""
+        async with self.transaction() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+    async def close(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,137 @@
+"""SQL of credentials: API keys (`identity/service.py`) and executor pool tokens
+(`identity/pools.py`). Secrets are stored only as hashes; the layers above check them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.schema import api_keys, executor_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiKeyRow:
+    """One row of `api_keys`."""
+
+    key_id: str
+    secret_hash: str
+    name: str
+    tenant: str
+    roles: list[str]
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> ApiKeyRow:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolTokenRow:
+    """One row of `executor_tokens`."""
+
+    token_id: str
+    secret_hash: str
+    name: str
+    connectors: list[str] | None
+    tools: list[str] | None
+    tenant: str | None
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> PoolTokenRow:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+def _values(row: ApiKeyRow | PoolTokenRow) -> dict[str, Any]:
+    return {f.name: getattr(row, f.name) for f in fields(row)}
+
+
+# --- API keys -------------------------------------------------------------------------------
+
+
+async def insert_api_key(conn: Connection, row: ApiKeyRow) -> None:
+    """Insert a new API key."""
+    await conn.execute(api_keys.insert().values(**_values(row)))
+
+
+async def list_api_keys(conn: Connection, *, tenant: str | None = None) -> list[ApiKeyRow]:
+    """Every API key (of one tenant, when given), oldest first."""
+    query = sa.select(api_keys).order_by(api_keys.c.created_at)
+    if tenant is not None:
+        query = query.where(api_keys.c.tenant == tenant)
+    rows = (await conn.execute(query)).mappings().all()
+    return [ApiKeyRow.from_mapping(r) for r in rows]
+
+
+async def load_api_key(conn: Connection, key_id: str) -> ApiKeyRow | None:
+    """One API key by id, live or revoked."""
+    row = (
+        (await conn.execute(sa.select(api_keys).where(api_keys.c.key_id == key_id)))
+        .mappings()
+        .first()
+    )
+    return ApiKeyRow.from_mapping(row) if row else None
+
+
+async def revoke_api_key(conn: Connection, key_id: str, *, now: datetime) -> bool:
+    """Mark a live API key revoked; False when there is no such live key."""
+    done = await conn.execute(
+        sa.update(api_keys)
+        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return bool(done.rowcount)
+
+
+# --- executor pool tokens -------------------------------------------------------------------
+
+
+async def insert_pool_token(conn: Connection, row: PoolTokenRow) -> None:
+    """Insert a new pool token."""
+    await conn.execute(executor_tokens.insert().values(**_values(row)))
+
+
+async def list_pool_tokens(conn: Connection) -> list[PoolTokenRow]:
+    """Every pool token in the database, oldest first."""
+    query = sa.select(executor_tokens).order_by(executor_tokens.c.created_at)
+    rows = (await conn.execute(query)).mappings().all()
+    return [PoolTokenRow.from_mapping(r) for r in rows]
+
+
+async def load_pool_token(conn: Connection, token_id: str) -> PoolTokenRow | None:
+    """One pool token by id, live or revoked."""
+    query = sa.select(executor_tokens).where(executor_tokens.c.token_id == token_id)
+    row = (await conn.execute(query)).mappings().first()
+    return PoolTokenRow.from_mapping(row) if row else None
+
+
+async def newest_live_pool_token(conn: Connection, name: str) -> PoolTokenRow | None:
+    """The newest unrevoked pool token of this pool name."""
+    query = (
+        sa.select(executor_tokens)
+        .where(executor_tokens.c.name == name, executor_tokens.c.revoked_at.is_(None))
+        .order_by(executor_tokens.c.created_at.desc())
+        .limit(1)
+    )
+    row = (await conn.execute(query)).mappings().first()
+    return PoolTokenRow.from_mapping(row) if row else None
+
+
+async def revoke_pool_token(conn: Connection, token_id: str, *, now: datetime) -> bool:
+    """Mark a live pool token revoked; False when there is no such live token."""
+    done = await conn.execute(
+        sa.update(executor_tokens)
+        .where(executor_tokens.c.token_id == token_id, executor_tokens.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return bool(done.rowcount)

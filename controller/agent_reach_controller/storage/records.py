@@ -1,0 +1,156 @@
+"""Rows as frozen values: what the use cases read from storage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from agent_reach.states import StepStatus, TaskStatus, Transition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    id: int
+    task_id: str
+    step_id: str
+    position: int
+    trace_id: str
+    tool: str
+    tool_version: str
+    connector: str
+    args: dict[str, Any]
+    resolved_args: dict[str, Any] | None
+    depends_on: tuple[str, ...]
+    when_expr: str | None
+    status: StepStatus
+    attempt: int
+    max_attempts: int
+    not_before: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    idempotency_key: str
+    output: Any
+    error: dict[str, Any] | None
+    receipt: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    retry: dict[str, Any] | None = None
+    fallback_from: str | None = None
+    rate_key: str | None = None
+    concurrency_key: str | None = None
+    timeouts: dict[str, Any] | None = None
+    start_by: datetime | None = None
+    priority: int = 0
+    tenant: str = "default"
+    key_id: str | None = None
+    approval: dict[str, Any] | None = None
+    decide_by: datetime | None = None
+    lease_seq: int | None = None
+    # Not a column: set only on a step just leased, its `updated_at` before the lease (when the
+    # attempt was queued), for the schedule-to-start metric.
+    queued_at: datetime | None = None
+
+    @property
+    def due_at(self) -> datetime | None:
+        """When a just-leased attempt became due: queued, and past its backoff or hold."""
+        if self.queued_at is None:
+            return None
+        return max(self.queued_at, self.not_before or self.queued_at)
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> StepRow:
+        values = dict(row)
+        values["status"] = StepStatus(values["status"])
+        values["depends_on"] = tuple(values["depends_on"] or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRow:
+    task_id: str
+    trace_id: str
+    parent_span_id: str | None
+    status: TaskStatus
+    principal: str
+    goal: str | None
+    source: str
+    request: dict[str, Any]
+    context: dict[str, Any]
+    cancel_requested: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    deadline: datetime | None = None
+    max_attempts: int | None = None
+    tenant: str = "default"
+    caps: dict[str, float] | None = None  # the task's own blast-radius caps
+    input_tokens: int = 0  # model tokens the caller reported for this task
+    output_tokens: int = 0
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
+        values = dict(row)
+        values["status"] = TaskStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRow:
+    id: int
+    task_id: str
+    step_id: str | None
+    kind: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> EventRow:
+        return cls(**dict(row))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedTool:
+    """One tool's queue: its ready steps, and when the longest-waiting due one became due."""
+
+    tool: str
+    depth: int
+    oldest_due: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepChange:
+    """One decided transition of one step: which edge, and the columns it sets besides status."""
+
+    step: StepRow
+    transition: Transition
+    values: Mapping[str, Any]
+    event_data: Mapping[str, Any] | None = None
+
+
+class BreakerState(StrEnum):
+    """Where a circuit breaker stands: letting calls through, stopping them, or probing."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breaker:
+    """One tool's circuit breaker row: its state and the calls counted in its window."""
+
+    tool: str
+    state: BreakerState
+    window_started_at: datetime
+    calls: int
+    failures: int
+    opened_at: datetime | None = None

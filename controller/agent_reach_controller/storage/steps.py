@@ -1,0 +1,622 @@
+"""SQL of steps, tasks and events. Every status write is a guarded compare-and-set.
+
+Leasing lives beside it in `claims.py`, and the flow-control rows (breakers, rate buckets,
+pauses) in `flow_store.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_reach.states import StepStatus, TaskStatus, apply, target
+from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
+from agent_reach_controller.storage.records import (
+    EventRow,
+    QueuedTool,
+    StepChange,
+    StepRow,
+    TaskRow,
+)
+from agent_reach_controller.storage.schema import (
+    UtcDateTime,
+    events,
+    idempotency_keys,
+    steps,
+    tasks,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    task_id: str
+    kind: str
+    created_at: datetime
+    step_id: str | None = None
+    from_status: str | None = None
+    to_status: str | None = None
+    attempt: int | None = None
+    data: dict[str, Any] | None = None
+
+
+_EVENTS = f"{TX_STATE_PREFIX}events"
+
+
+async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
+    """Append history rows; a transaction's events are written in one insert before it commits."""
+    if not new:
+        return
+    buffered: list[NewEvent] | None = conn.info.get(_EVENTS)
+    if buffered is None:
+        buffered = conn.info[_EVENTS] = []
+        before_commit(conn, _flush_events)
+    buffered.extend(new)
+
+
+def tasks_with_events(conn: AsyncConnection) -> frozenset[str]:
+    """The tasks this transaction has appended events to and not yet flushed (see notifier)."""
+    buffered: list[NewEvent] = conn.info.get(_EVENTS, [])
+    return frozenset(e.task_id for e in buffered)
+
+
+async def _flush_events(conn: AsyncConnection) -> None:
+    new: list[NewEvent] = conn.info.pop(_EVENTS, [])
+    if not new:
+        return
+    await conn.execute(
+        events.insert(),
+        [
+            {
+                "task_id": e.task_id,
+                "step_id": e.step_id,
+                "kind": e.kind,
+                "from_status": e.from_status,
+                "to_status": e.to_status,
+                "attempt": e.attempt,
+                "data": e.data,
+                "created_at": e.created_at,
+            }
+            for e in new
+        ],
+    )
+
+
+# --- steps: reads ---------------------------------------------------------------------------
+
+
+async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
+    ids = sorted(set(task_ids))
+    if not ids:
+        return []
+    rows = await conn.execute(
+        sa.select(steps).where(steps.c.task_id.in_(ids)).order_by(steps.c.task_id, steps.c.position)
+    )
+    return [StepRow.from_mapping(r) for r in rows.mappings()]
+
+
+async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
+    """The blocked steps of these tasks and every step they depend on."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return []
+    rows = await conn.execute(
+        sa.select(steps)
+        .where(steps.c.task_id.in_(ids), steps.c.status == StepStatus.BLOCKED)
+        .order_by(steps.c.task_id, steps.c.position)
+    )
+    blocked = [StepRow.from_mapping(r) for r in rows.mappings()]
+    if not blocked:
+        return []
+    have = {(s.task_id, s.step_id) for s in blocked}
+    needed = {(s.task_id, d) for s in blocked for d in s.depends_on} - have
+    if not needed:
+        return blocked
+    rows = await conn.execute(
+        sa.select(steps).where(sa.tuple_(steps.c.task_id, steps.c.step_id).in_(sorted(needed)))
+    )
+    return sorted(
+        [*blocked, *(StepRow.from_mapping(r) for r in rows.mappings())],
+        key=lambda s: (s.task_id, s.position),
+    )
+
+
+async def status_counts(
+    conn: AsyncConnection, task_ids: Iterable[str]
+) -> dict[str, Counter[StepStatus]]:
+    """How many steps of each task are in each state."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    rows = await conn.execute(
+        sa.select(steps.c.task_id, steps.c.status, sa.func.count())
+        .where(steps.c.task_id.in_(ids))
+        .group_by(steps.c.task_id, steps.c.status)
+    )
+    counts: dict[str, Counter[StepStatus]] = {}
+    for task_id, status, count in rows.all():
+        counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
+    return counts
+
+
+async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[int, StepRow]:
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    rows = await conn.execute(sa.select(steps).where(steps.c.id.in_(wanted)))
+    return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
+
+
+async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedTool]:
+    """Steps waiting for an executor (ready, due or not) per tool, in one grouped query.
+
+    A due step became due at the later of its last change (queued) and its `not_before`
+    (backoff, hold, rate limit); `oldest_due` is the earliest such time among the due ones.
+    """
+    nb, changed = steps.c.not_before, steps.c.updated_at
+    due_at = sa.case((nb > changed, nb), else_=changed)
+    is_due = sa.or_(nb.is_(None), nb <= now)
+    oldest = sa.type_coerce(sa.func.min(sa.case((is_due, due_at))), UtcDateTime())
+    rows = await conn.execute(
+        sa.select(steps.c.tool, sa.func.count(), oldest)
+        .where(steps.c.status == StepStatus.READY)
+        .group_by(steps.c.tool)
+    )
+    return [QueuedTool(tool=t, depth=int(n), oldest_due=when) for t, n, when in rows.all()]
+
+
+# --- steps: transitions ---------------------------------------------------------------------
+
+
+async def insert_steps(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> list[StepRow]:
+    """Insert a task's steps (all `blocked`); returns them with their keys."""
+    result = await conn.execute(steps.insert().returning(*steps.c), list(rows))
+    return sorted((StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position)
+
+
+def _transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
+    return NewEvent(
+        task_id=change.step.task_id,
+        step_id=change.step.step_id,
+        kind=change.transition.value,
+        from_status=change.step.status,
+        to_status=target(change.transition),
+        attempt=attempt,
+        data=dict(change.event_data) if change.event_data else None,
+        created_at=now,
+    )
+
+
+async def change_step(conn: AsyncConnection, change: StepChange, *, now: datetime) -> bool:
+    """Apply one transition as a compare-and-set on (status, attempt) and record its event.
+
+    Returns False, writing nothing, when the step is no longer in the state it was read in (a
+    concurrent transition won, or the result is from an older attempt).
+    """
+    return bool(await change_steps(conn, [change], now=now))
+
+
+async def change_steps(
+    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+) -> set[int]:
+    """Apply many transitions, each a compare-and-set on (status, attempt), with their events.
+
+    Returns the keys of the steps that moved; a step missing from it had already moved on (a
+    concurrent transition won, or the result is from an older attempt) and nothing was written
+    for it. On Postgres each group of like changes is one statement; SQLite takes them one by one.
+    """
+    for change in changes:
+        apply(change.step.status, change.transition)  # raises IllegalTransitionError
+    if not changes:
+        return set()
+    if conn.dialect.name == "postgresql":
+        moved = await _change_steps_set_based(conn, changes, now=now)
+    else:
+        moved = {}
+        for change in changes:
+            moved.update(await _change_one(conn, change, now=now))
+    await append_events(
+        conn,
+        [
+            _transition_event(c, attempt=moved[c.step.id], now=now)
+            for c in changes
+            if c.step.id in moved
+        ],
+    )
+    return set(moved)
+
+
+async def _change_one(
+    conn: AsyncConnection, change: StepChange, *, now: datetime
+) -> dict[int, int]:
+    step = change.step
+    stmt = (
+        sa.update(steps)
+        .where(
+            steps.c.id == step.id, steps.c.status == step.status, steps.c.attempt == step.attempt
+        )
+        .values(status=target(change.transition), updated_at=now, **dict(change.values))
+        .returning(steps.c.id, steps.c.attempt)
+    )
+    return {r[0]: r[1] for r in (await conn.execute(stmt)).all()}
+
+
+def _sql_type(column: sa.Column[Any]) -> str:
+    kind = column.type
+    if isinstance(kind, UtcDateTime):
+        return "timestamptz"
+    if isinstance(kind, sa.Integer):
+        return "bigint"
+    if isinstance(kind, sa.Boolean):
+        return "boolean"
+    if isinstance(kind, sa.String | sa.Text):
+        return "text"
+    return "jsonb"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot store {type(value).__name__}")
+
+
+async def _change_steps_set_based(
+    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+) -> dict[int, int]:
+    """UPDATE … FROM jsonb_to_recordset(:rows): one statement per set of columns changed."""
+    groups: dict[tuple[str, ...], list[StepChange]] = {}
+    for change in changes:
+        groups.setdefault(tuple(sorted(change.values)), []).append(change)
+    moved: dict[int, int] = {}
+    for columns, group in groups.items():
+        fields = ", ".join(f"{c} {_sql_type(steps.c[c])}" for c in columns)
+        sets = "".join(f", {c} = v.{c}" for c in columns)
+        sql = sa.text(
+            "UPDATE steps AS s SET status = v.new_status, updated_at = :now"
+            + sets
+            + " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, seen_status text,"
+            " seen_attempt bigint, new_status text" + (", " + fields if fields else "") + ")"
+            " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
+            " RETURNING s.id, s.attempt"
+        ).bindparams(sa.bindparam("now", type_=UtcDateTime()))
+        rows = [
+            {
+                "id": c.step.id,
+                "seen_status": c.step.status.value,
+                "seen_attempt": c.step.attempt,
+                "new_status": target(c.transition).value,
+                **c.values,
+            }
+            for c in group
+        ]
+        payload = json.dumps(rows, default=_json_default, separators=(",", ":"))
+        result = await conn.execute(sql, {"rows": payload, "now": now})
+        moved.update({r[0]: r[1] for r in result.all()})
+    return moved
+
+
+async def queued_steps_of(conn: AsyncConnection, tools: Sequence[str], *, limit: int) -> list[int]:
+    """Queued (ready) steps of these tools, oldest first."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(steps.c.status == StepStatus.READY, steps.c.tool.in_(list(tools)))
+        .order_by(steps.c.id)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
+async def overdue_approvals(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
+    """Steps still waiting for a decision past their `decide_by` (the sweep's partial index)."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(
+            steps.c.status == StepStatus.AWAITING_APPROVAL,
+            steps.c.decide_by.is_not(None),
+            steps.c.decide_by < now,
+        )
+        .order_by(steps.c.decide_by)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
+async def unstarted_steps(conn: AsyncConnection, *, now: datetime, limit: int) -> list[int]:
+    """Queued steps past their `start_by`, oldest first (the sweep's partial index)."""
+    rows = await conn.execute(
+        sa.select(steps.c.id)
+        .where(
+            steps.c.status == StepStatus.READY,
+            steps.c.start_by.is_not(None),
+            steps.c.start_by < now,
+        )
+        .order_by(steps.c.start_by)
+        .limit(limit)
+    )
+    return [key for (key,) in rows.all()]
+
+
+async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[StepRow]:
+    """Running steps whose lease has expired, locked against other reapers."""
+    stmt = (
+        sa.select(steps)
+        .where(steps.c.status == StepStatus.RUNNING, steps.c.lease_expires_at < now)
+        .order_by(steps.c.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def extend_leases(
+    conn: AsyncConnection,
+    *,
+    executor_id: str,
+    leases: Sequence[tuple[int, int]],
+    expires_at: datetime,
+) -> set[tuple[int, int]]:
+    """Extend the leases still held by this executor; returns the (key, attempt) pairs extended."""
+    if not leases:
+        return set()
+    stmt = (
+        sa.update(steps)
+        .where(
+            sa.tuple_(steps.c.id, steps.c.attempt).in_(list(leases)),
+            steps.c.status == StepStatus.RUNNING,
+            steps.c.lease_owner == executor_id,
+        )
+        .values(lease_expires_at=expires_at)
+        .returning(steps.c.id, steps.c.attempt)
+    )
+    return {(r[0], r[1]) for r in (await conn.execute(stmt)).all()}
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+async def insert_task(conn: AsyncConnection, row: dict[str, Any]) -> None:
+    await conn.execute(tasks.insert().values(**row))
+
+
+async def load_task(conn: AsyncConnection, task_id: str) -> TaskRow | None:
+    row = (await conn.execute(sa.select(tasks).where(tasks.c.task_id == task_id))).mappings()
+    first = row.first()
+    return TaskRow.from_mapping(first) if first else None
+
+
+async def add_token_usage(
+    conn: AsyncConnection, task_id: str, *, input_tokens: int, output_tokens: int, now: datetime
+) -> TaskRow | None:
+    """Add reported model tokens to a task (one guarded UPDATE: concurrent reports all count)."""
+    row = (
+        await conn.execute(
+            sa.update(tasks)
+            .where(tasks.c.task_id == task_id)
+            .values(
+                input_tokens=tasks.c.input_tokens + input_tokens,
+                output_tokens=tasks.c.output_tokens + output_tokens,
+                updated_at=now,
+            )
+            .returning(*tasks.c)
+        )
+    ).mappings()
+    first = row.first()
+    return TaskRow.from_mapping(first) if first else None
+
+
+async def count_tool_calls(conn: AsyncConnection, task_id: str) -> int:
+    """Attempts handed to an executor (lease events), every step and retry included."""
+    counted = await conn.execute(
+        sa.select(sa.func.count())
+        .select_from(events)
+        .where(events.c.task_id == task_id, events.c.kind == "lease")
+    )
+    return int(counted.scalar_one())
+
+
+async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, TaskRow]:
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
+    return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
+
+
+async def list_tasks(
+    conn: AsyncConnection, *, tenant: str, status: str | None, before: str | None, limit: int
+) -> list[TaskRow]:
+    """A tenant's tasks, newest first; `before` is the last task id of the previous page."""
+    stmt = (
+        sa.select(tasks)
+        .where(tasks.c.tenant == tenant)
+        .order_by(tasks.c.task_id.desc())
+        .limit(limit)
+    )
+    if status is not None:
+        stmt = stmt.where(tasks.c.status == status)
+    if before is not None:
+        stmt = stmt.where(tasks.c.task_id < before)
+    return [TaskRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+async def unfinished_tasks(
+    conn: AsyncConnection, tenant: str, principal: str, *, up_to: int
+) -> int:
+    """A caller's pending or running tasks, counted up to `up_to` (newest first, by index)."""
+    mine = (
+        sa.select(tasks.c.task_id)
+        .where(
+            tasks.c.tenant == tenant,
+            tasks.c.principal == principal,
+            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
+        )
+        .limit(up_to)
+        .subquery()
+    )
+    return int((await conn.execute(sa.select(sa.func.count()).select_from(mine))).scalar_one())
+
+
+async def set_task_status(
+    conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
+) -> bool:
+    """Optimistic-locked status change of a task, with its event."""
+    finished = (
+        now if status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED) else None
+    )
+    stmt = (
+        sa.update(tasks)
+        .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
+        .values(status=status, version=task.version + 1, updated_at=now, finished_at=finished)
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        return False
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=task.task_id,
+                kind="task_status",
+                from_status=task.status,
+                to_status=status,
+                created_at=now,
+            )
+        ],
+    )
+    return True
+
+
+async def mark_tasks_running(
+    conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
+) -> None:
+    """`pending` → `running` once a first step is leased, inside the claim's transaction.
+
+    Task rows locked by an advance are skipped, never waited for (the claim holds step locks, and
+    locks go task first everywhere else); that advance settles the status itself.
+    """
+    pending = (
+        sa.select(tasks.c.task_id)
+        .where(tasks.c.task_id.in_(sorted(set(task_ids))), tasks.c.status == TaskStatus.PENDING)
+        .with_for_update(skip_locked=True)
+    )
+    rows = await conn.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id.in_(pending.scalar_subquery()))
+        .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
+        .returning(tasks.c.task_id)
+    )
+    await append_events(
+        conn,
+        [
+            NewEvent(
+                task_id=task_id,
+                kind="task_status",
+                from_status=TaskStatus.PENDING,
+                to_status=TaskStatus.RUNNING,
+                created_at=now,
+            )
+            for (task_id,) in rows.all()
+        ],
+    )
+
+
+async def overdue_tasks(
+    conn: AsyncConnection, *, now: datetime, limit: int
+) -> list[tuple[str, datetime]]:
+    """Unfinished tasks whose deadline has passed, earliest first: (task_id, deadline)."""
+    rows = await conn.execute(
+        sa.select(tasks.c.task_id, tasks.c.deadline)
+        .where(
+            tasks.c.deadline.is_not(None),
+            tasks.c.deadline < now,
+            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
+        )
+        .order_by(tasks.c.deadline)
+        .limit(limit)
+    )
+    return [(r[0], r[1]) for r in rows.all()]
+
+
+async def request_cancel(conn: AsyncConnection, task_id: str, *, now: datetime) -> None:
+    await conn.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id)
+        .values(cancel_requested=True, updated_at=now)
+    )
+
+
+async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
+    """Serialise advancement of these tasks between replicas (row locks, in id order)."""
+    ids = sorted(set(task_ids))
+    if ids:
+        await conn.execute(
+            sa.select(tasks.c.task_id)
+            .where(tasks.c.task_id.in_(ids))
+            .order_by(tasks.c.task_id)
+            .with_for_update()
+        )
+
+
+async def lock_tasks_of_steps(conn: AsyncConnection, keys: Iterable[int]) -> list[str]:
+    """Lock the tasks these steps belong to (in id order, like lock_tasks); returns their ids."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return []
+    owners = sa.select(steps.c.task_id).where(steps.c.id.in_(wanted))
+    rows = await conn.execute(
+        sa.select(tasks.c.task_id)
+        .where(tasks.c.task_id.in_(owners))
+        .order_by(tasks.c.task_id)
+        .with_for_update()
+    )
+    return [r[0] for r in rows.all()]
+
+
+async def load_events(
+    conn: AsyncConnection, task_id: str, *, after: int = 0, limit: int = 1000
+) -> list[EventRow]:
+    stmt = (
+        sa.select(events)
+        .where(events.c.task_id == task_id, events.c.id > after)
+        .order_by(events.c.id)
+        .limit(limit)
+    )
+    return [EventRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+
+
+# --- idempotency ---------------------------------------------------------------------------
+
+
+async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> tuple[str, str]:
+    """Record (principal, key) → task; returns the (request_hash, task_id) stored for the key.
+
+    A concurrent submit with the same key waits on the unique index and then sees the first
+    one's record, so exactly one task is created per key.
+    """
+    await conn.execute(
+        dialect_insert(conn, idempotency_keys)
+        .values(**row)
+        .on_conflict_do_nothing(index_elements=["principal", "key"])
+    )
+    stored = (
+        await conn.execute(
+            sa.select(idempotency_keys.c.request_hash, idempotency_keys.c.task_id).where(
+                idempotency_keys.c.principal == row["principal"],
+                idempotency_keys.c.key == row["key"],
+            )
+        )
+    ).one()
+    return stored[0], stored[1]
+
+
+def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
+    """INSERT with ON CONFLICT support in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
