@@ -301,8 +301,13 @@ async def test_a_late_commit_is_sealed_later(postgres_url: str) -> None:
     one, two = Database(postgres_url), Database(postgres_url)
     try:
         async with one.transaction() as late:
-            await audit.record(
-                late, actor="slow", tenant=None, action="task.submit", target="task:late", now=PAST
+            # An entry whose row (and id) exists before others commit, while its own transaction
+            # is still open. On Postgres a submit inserts its entry in the round trip before its
+            # COMMIT, so another replica can commit entries with higher ids in between.
+            await late.execute(
+                sa.insert(audit_log).values(
+                    at=PAST, actor="slow", action="task.submit", target="task:late", data={}
+                )
             )
             await append(two, 3)
             assert await audit.seal(two) == 3  # the late row is not committed yet

@@ -214,10 +214,8 @@ class TaskService:
             if expected is not None and await catalog.revision(conn) != expected:
                 raise CatalogChangedError
             trace_id = data.trace_id or new_trace_id()
-            row = _task_row(data, task_id=task_id, trace_id=trace_id, now=now)
-            await store.insert_task(conn, row)
-            steps = await store.insert_steps(
-                conn,
+            new = store.NewTask(
+                _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
                 _step_rows(data, task_id, trace_id, now, self._registry),
             )
             await store.append_events(
@@ -247,10 +245,12 @@ class TaskService:
                 data={"steps": len(data.plan.steps), "source": data.plan.source},
                 now=now,
             )
-            # A task nobody else can see yet needs no lock and no reload.
+            # A task nobody else can see yet needs no lock: its first advance is decided on the
+            # rows in memory, which are then inserted once, as decided.
             advanced = await self._advance_loaded(
-                conn, {task_id: TaskRow.from_mapping(row)}, {task_id: steps}, now=now
+                conn, {task_id: new.task_row()}, {task_id: new.step_rows()}, now=now, writes=new
             )
+            await new.write(conn)
             wake = await self._notifier.publish(
                 conn, connectors=advanced.ready_connectors, tasks=advanced.finished_tasks
             )
@@ -300,12 +300,15 @@ class TaskService:
         *,
         now: datetime,
         counts: dict[str, Counter[StepStatus]] | None = None,
+        writes: store.StepWrites | None = None,
     ) -> Advanced:
         """Apply what `decide_unblocks` allows and settle each task's status.
 
         `by_task` must hold every blocked step and the steps they depend on; `counts` gives the
-        tasks' step statuses when `by_task` does not hold every step.
+        tasks' step statuses when `by_task` does not hold every step. The transitions go to the
+        stored rows unless `writes` takes them (a task being submitted).
         """
+        writes = writes or store.Stored(conn)
         ids = sorted(tasks)
         await self._registry.ensure(
             ((s.tool, s.tool_version) for steps in by_task.values() for s in steps), conn=conn
@@ -323,7 +326,7 @@ class TaskService:
                         budget=budget_for(tasks[task_id].max_attempts, by_task[task_id]),
                     )
                 )
-        moved = await store.change_steps(conn, changes, now=now)
+        moved = await writes.change_steps(changes, now=now)
         after = {c.step.id: target(c.transition) for c in changes if c.step.id in moved}
         asks = [
             StepChange(
@@ -339,7 +342,7 @@ class TaskService:
             and self._registry.get(c.step.tool, c.step.tool_version).risk == "dangerous"
         ]
         # Dangerous steps go on to wait for a person; they are never offered to an executor.
-        asked = await store.change_steps(conn, asks, now=now)
+        asked = await writes.change_steps(asks, now=now)
         for step_id in asked:
             after[step_id] = StepStatus.AWAITING_APPROVAL
         if self._announcer is not None and asked:
@@ -366,12 +369,12 @@ class TaskService:
                         tally[c.step.status] -= 1
                         tally[after[c.step.id]] += 1
                 statuses = list(tally.elements())
-            await self._settle(conn, tasks[task_id], statuses, now=now, result=result)
+            await self._settle(writes, tasks[task_id], statuses, now=now, result=result)
         return result
 
     async def _settle(
         self,
-        conn: Connection,
+        writes: store.StepWrites,
         task: TaskRow,
         statuses: list[StepStatus],
         *,
@@ -385,7 +388,7 @@ class TaskService:
         if new == TaskStatus.PENDING and task.status == TaskStatus.RUNNING:
             return  # a retry moved every step back to ready: the task is still running
         result.task_status[task.task_id] = new
-        await store.set_task_status(conn, task, new, now=now)
+        await writes.set_task_status(task, new, now=now)
         if new in TERMINAL_TASK_STATES:
             result.finished_tasks.add(task.task_id)
 

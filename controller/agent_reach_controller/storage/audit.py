@@ -14,7 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.engine import Connection, Database, before_commit
 from agent_reach_controller.storage.schema import audit_log
 
 _COLUMNS = (
@@ -78,11 +79,16 @@ async def insert_entry(  # noqa: PLR0913  (the fields of one entry, all by keywo
     data: dict[str, Any],
 ) -> None:
     """INSERT one unsealed entry (no seq, no hash)."""
-    await conn.execute(
-        sa.insert(audit_log).values(
-            at=at, data=data, actor=actor, tenant=tenant, action=action, target=target
-        )
-    )
+    entry = {"at": at, "data": data, "actor": actor, "tenant": tenant, "action": action}
+    entry["target"] = target
+    if conn.dialect.name == "postgresql":
+
+        async def insert(conn: Connection) -> None:
+            await hot.insert_audit_entry(conn, entry)
+
+        before_commit(conn, insert)  # in the commit's round trip, with the other writes
+    else:
+        await conn.execute(sa.insert(audit_log).values(**entry))
 
 
 async def try_seal_lock(conn: Connection, key: str) -> bool:

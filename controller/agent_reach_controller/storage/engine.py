@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, PendingRollbackError
@@ -74,6 +75,9 @@ STORAGE_DOWN: tuple[type[Exception], ...] = (
     InterfaceError,
     PendingRollbackError,
     ConnectionError,
+    # The hot path's statements go through psycopg directly (storage/hot.py).
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
 )
 
 
@@ -152,8 +156,16 @@ class Database:
                     then = await observer(conn)
                     if then is not None:
                         committed.append(then)
-                for hook in info.get(_BEFORE_COMMIT, ()):
-                    await hook(conn)
+                hooks = info.get(_BEFORE_COMMIT, ())
+                if hooks and self.is_postgres:
+                    # The buffered writes (events, rows, audit, wake-ups) in one round trip.
+                    raw = await conn.get_raw_connection()
+                    async with raw.driver_connection.pipeline():  # type: ignore[union-attr]
+                        for hook in hooks:
+                            await hook(conn)
+                else:
+                    for hook in hooks:
+                        await hook(conn)
                 finished = list(info.get(_AFTER_COMMIT, ()))
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:

@@ -11,13 +11,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, apply, target
+from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.storage.records import (
     EventRow,
@@ -48,6 +49,7 @@ class NewEvent:
 
 
 _EVENTS = f"{TX_STATE_PREFIX}events"
+_FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
 
 async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
@@ -71,22 +73,23 @@ async def _flush_events(conn: AsyncConnection) -> None:
     new: list[NewEvent] = conn.info.pop(_EVENTS, [])
     if not new:
         return
-    await conn.execute(
-        events.insert(),
-        [
-            {
-                "task_id": e.task_id,
-                "step_id": e.step_id,
-                "kind": e.kind,
-                "from_status": e.from_status,
-                "to_status": e.to_status,
-                "attempt": e.attempt,
-                "data": e.data,
-                "created_at": e.created_at,
-            }
-            for e in new
-        ],
-    )
+    rows = [
+        {
+            "task_id": e.task_id,
+            "step_id": e.step_id,
+            "kind": e.kind,
+            "from_status": e.from_status,
+            "to_status": e.to_status,
+            "attempt": e.attempt,
+            "data": e.data,
+            "created_at": e.created_at,
+        }
+        for e in new
+    ]
+    if conn.dialect.name == "postgresql":
+        await hot.insert_events(conn, rows)
+    else:
+        await conn.execute(events.insert(), rows)
 
 
 # --- steps: reads ---------------------------------------------------------------------------
@@ -175,12 +178,6 @@ async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedT
 # --- steps: transitions ---------------------------------------------------------------------
 
 
-async def insert_steps(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> list[StepRow]:
-    """Insert a task's steps (all `blocked`); returns them with their keys."""
-    result = await conn.execute(steps.insert().returning(*steps.c), list(rows))
-    return sorted((StepRow.from_mapping(r) for r in result.mappings()), key=lambda s: s.position)
-
-
 def _transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
     return NewEvent(
         task_id=change.step.task_id,
@@ -231,6 +228,89 @@ async def change_steps(
         ],
     )
     return set(moved)
+
+
+class StepWrites(Protocol):
+    """Where an advance's decided transitions go: the stored rows, or a task not yet stored."""
+
+    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]: ...
+
+    async def set_task_status(
+        self, task: TaskRow, status: TaskStatus, *, now: datetime
+    ) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Transitions applied to stored rows: guarded UPDATEs inside the caller's transaction."""
+
+    conn: AsyncConnection
+
+    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
+        return await change_steps(self.conn, changes, now=now)
+
+    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
+        return await set_task_status(self.conn, task, status, now=now)
+
+
+class NewTask:
+    """A task being submitted: its first advance is applied to the rows before they are written,
+    so a submit inserts each row once, in its decided state, with the same events as an update.
+
+    Steps get provisional keys (-1, -2, …) for the advance to name them by; the database assigns
+    the real ones on `write`.
+    """
+
+    def __init__(self, task: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> None:
+        self.task = dict(task)
+        self._steps = {-(i + 1): dict(row) for i, row in enumerate(step_rows)}
+        self._events: list[NewEvent] = []
+
+    def task_row(self) -> TaskRow:
+        return TaskRow.from_mapping(self.task)
+
+    def step_rows(self) -> list[StepRow]:
+        blank = dict.fromkeys(steps.c.keys())
+        return [StepRow.from_mapping({**blank, **row, "id": k}) for k, row in self._steps.items()]
+
+    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
+        for change in changes:
+            row = self._steps[change.step.id]
+            if row["status"] != change.step.status:
+                raise ValueError(f"step {change.step.step_id} is {row['status']}, not as decided")
+            row.update(
+                status=apply(change.step.status, change.transition),  # raises if illegal
+                updated_at=now,
+                **change.values,
+            )
+            self._events.append(_transition_event(change, attempt=row["attempt"], now=now))
+        return {c.step.id for c in changes}
+
+    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
+        self.task.update(
+            status=status,
+            version=self.task["version"] + 1,
+            updated_at=now,
+            finished_at=now if status in _FINISHED else None,
+        )
+        self._events.append(_task_status_event(task.task_id, task.status, status, now=now))
+        return True
+
+    async def write(self, conn: AsyncConnection) -> None:
+        """Insert the task and its steps as decided, with their events, before the commit (on
+        Postgres in the same round trip as the transaction's other buffered writes)."""
+        before_commit(conn, self._insert)
+        await append_events(conn, self._events)
+
+    async def _insert(self, conn: AsyncConnection) -> None:
+        rows = list(self._steps.values())
+        if conn.dialect.name == "postgresql":
+            await hot.insert_rows(conn, "tasks", [self.task])
+            await hot.insert_rows(conn, "steps", rows)
+            return
+        await insert_task(conn, self.task)
+        columns = {c for row in rows for c in row}  # an advance sets some columns on some rows
+        await conn.execute(steps.insert(), [{c: row.get(c) for c in columns} for row in rows])
 
 
 async def _change_one(
@@ -467,9 +547,7 @@ async def set_task_status(
     conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
 ) -> bool:
     """Optimistic-locked status change of a task, with its event."""
-    finished = (
-        now if status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED) else None
-    )
+    finished = now if status in _FINISHED else None
     stmt = (
         sa.update(tasks)
         .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
@@ -477,19 +555,16 @@ async def set_task_status(
     )
     if (await conn.execute(stmt)).rowcount != 1:
         return False
-    await append_events(
-        conn,
-        [
-            NewEvent(
-                task_id=task.task_id,
-                kind="task_status",
-                from_status=task.status,
-                to_status=status,
-                created_at=now,
-            )
-        ],
-    )
+    await append_events(conn, [_task_status_event(task.task_id, task.status, status, now=now)])
     return True
+
+
+def _task_status_event(
+    task_id: str, before: TaskStatus, after: TaskStatus, *, now: datetime
+) -> NewEvent:
+    return NewEvent(
+        task_id=task_id, kind="task_status", from_status=before, to_status=after, created_at=now
+    )
 
 
 async def mark_tasks_running(

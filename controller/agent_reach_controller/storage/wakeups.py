@@ -24,9 +24,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import TX_STATE_PREFIX, AfterCommit, before_commit
 from agent_reach_controller.storage.steps import tasks_with_events
 
@@ -305,13 +305,7 @@ class PostgresNotifier(_ListeningNotifier):
 async def _send_notifies(conn: AsyncConnection) -> None:
     pending: list[tuple[str, str]] = conn.info.pop(_NOTIFY, [])
     if pending:
-        await conn.execute(
-            sa.text(
-                "SELECT pg_notify(n.channel, n.payload) FROM unnest("
-                "CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(channel, payload)"
-            ),
-            {"channels": [c for c, _ in pending], "payloads": [p for _, p in pending]},
-        )
+        await hot.notify(conn, pending)
 
 
 class RedisNotifier(_ListeningNotifier):

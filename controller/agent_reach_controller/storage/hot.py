@@ -1,0 +1,130 @@
+"""The hot path's writes on Postgres: named statements sent through psycopg, prepared, pipelined.
+
+SQLAlchemy spends about as much CPU building and binding a statement as Postgres spends running
+it (~0.3-0.6 ms against ~0.1 ms for the same INSERT through psycopg), and a submit or a report is a
+handful of such statements. The writes every task makes (its rows, its events, its audit entry,
+its wake-ups) are therefore sent here as plain SQL on the transaction's own psycopg connection,
+prepared once per connection, and queued in a pipeline so that they cost one round trip. SQLite
+(embedded mode) keeps the SQLAlchemy statements beside each caller; the rows written are the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.types.json import Jsonb
+
+from agent_reach_controller.storage import schema
+from agent_reach_controller.storage.engine import Connection
+
+# Every event of a transaction, in one statement.
+INSERT_EVENTS = """
+INSERT INTO events (task_id, step_id, kind, from_status, to_status, attempt, data, created_at)
+SELECT * FROM unnest(
+    %(task_id)s::text[], %(step_id)s::text[], %(kind)s::text[], %(from_status)s::text[],
+    %(to_status)s::text[], %(attempt)s::int[], %(data)s::jsonb[], %(created_at)s::timestamptz[]
+)
+"""
+
+# One unsealed audit entry (no seq, no hash: the sealer chains it later).
+INSERT_AUDIT_ENTRY = """
+INSERT INTO audit_log (at, actor, tenant, action, target, data)
+VALUES (%(at)s, %(actor)s, %(tenant)s, %(action)s, %(target)s, %(data)s)
+"""
+
+# A transaction's wake-ups, delivered by Postgres when (and only if) it commits.
+NOTIFY = """
+SELECT pg_notify(n.channel, n.payload)
+FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
+"""
+
+
+async def driver(conn: Connection) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under a Postgres transaction."""
+    raw = await conn.get_raw_connection()
+    found: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
+    return found
+
+
+def _json_columns(table: sa.Table) -> frozenset[str]:
+    return frozenset(c.name for c in table.c if isinstance(c.type, sa.JSON))
+
+
+_TABLES = {t.name: (t, _json_columns(t)) for t in (schema.tasks, schema.steps)}
+
+
+@functools.lru_cache(maxsize=64)
+def insert_rows_sql(table: str, columns: tuple[str, ...]) -> str:
+    """`INSERT INTO table (columns) VALUES (…)`: one text per set of columns, so each set is
+    prepared once (a submit writes the same few sets over and over)."""
+    known = _TABLES[table][0].c
+    unknown = [c for c in columns if c not in known]
+    if unknown:
+        raise ValueError(f"{table} has no column(s) {unknown}")
+    names = ", ".join(columns)
+    values = ", ".join(f"%({c})s" for c in columns)
+    return f"INSERT INTO {table} ({names}) VALUES ({values})"
+
+
+def _value(value: Any, *, json: bool) -> Any:
+    if value is None:
+        return None
+    if json:
+        return Jsonb(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def _bound(row: Mapping[str, Any], json_columns: frozenset[str]) -> dict[str, Any]:
+    return {k: _value(v, json=k in json_columns) for k, v in row.items()}
+
+
+async def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert whole rows of `tasks` or `steps`, grouped by the columns they set."""
+    json_columns = _TABLES[table][1]
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(sorted(row)), []).append(_bound(row, json_columns))
+    pg = await driver(conn)
+    async with pg.cursor() as cur:
+        for columns, group in groups.items():
+            await cur.executemany(insert_rows_sql(table, columns), group)
+
+
+async def insert_events(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append events (dicts of the `events` columns but `id`) in one statement."""
+    columns: dict[str, list[Any]] = {
+        "task_id": [],
+        "step_id": [],
+        "kind": [],
+        "from_status": [],
+        "to_status": [],
+        "attempt": [],
+        "data": [],
+        "created_at": [],
+    }
+    for row in rows:
+        for name, values in columns.items():
+            values.append(_value(row[name], json=name == "data"))
+    pg = await driver(conn)
+    await pg.execute(INSERT_EVENTS, columns, prepare=True)
+
+
+async def insert_audit_entry(conn: Connection, entry: Mapping[str, Any]) -> None:
+    pg = await driver(conn)
+    await pg.execute(INSERT_AUDIT_ENTRY, _bound(entry, frozenset({"data"})), prepare=True)
+
+
+async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
+    pg = await driver(conn)
+    await pg.execute(
+        NOTIFY,
+        {"channels": [c for c, _ in messages], "payloads": [p for _, p in messages]},
+        prepare=True,
+    )
