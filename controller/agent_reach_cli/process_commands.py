@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,15 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
+    """uvloop where it is installed (not on Windows), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
 def _run(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     """Run `main` until it returns or SIGTERM/SIGINT sets its stop event."""
 
@@ -33,7 +42,7 @@ def _run(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
         await main(stop)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(runner())
+        _event_loop_runner()(runner())
     flush_tracing()
     return 0
 

@@ -91,7 +91,8 @@ async def running_controller(
         log_config=None,
         access_log=False,
         lifespan="off",
-        loop="none",
+        loop="none",  # the process's own (uvloop under `reach`)
+        http="httptools",
         timeout_graceful_shutdown=5,
         timeout_keep_alive=settings.http_keep_alive_seconds,
         ssl_certfile=settings.tls_cert,
