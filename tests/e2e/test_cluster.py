@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from tests.e2e.processes import all_terminal, api, cluster, wait_until
+from tests.e2e.processes import Proc, all_terminal, api, cluster, wait_until
 from tests.support.sink import Response, Sink
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,13 @@ def plan(n: int, offset: int) -> dict:
     }
 
 
+def _leases_of(client: httpx.Client, executor: Proc) -> int:
+    """Steps an executor process holds, as the controller's fleet listing shows them."""
+    fleet = client.get("/v1/executors").json()["executors"]
+    mine = f"-{executor.popen.pid}-"
+    return sum(e["leases"] for e in fleet if mine in e["executor_id"])
+
+
 def test_sigkilled_executor_loses_nothing_and_applies_each_effect_once(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -77,6 +85,11 @@ def test_sigkilled_executor_loses_nothing_and_applies_each_effect_once(
                 ]
                 wait_until(
                     lambda: len(sink.requests("/ledger")) >= 30, within=60, what="work to start"
+                )
+                # The other executor may have done all of that alone while this one was still
+                # starting: kill it only once it holds steps of its own.
+                wait_until(
+                    lambda: _leases_of(client, victim) > 0, within=60, what="the victim's leases"
                 )
                 victim.kill()
                 tasks = wait_until(
