@@ -44,6 +44,46 @@ FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
 """
 
 
+# A task's status, guarded by the version it was read at (optimistic lock).
+SET_TASK_STATUS = """
+UPDATE tasks SET status = %(status)s, version = %(version)s + 1, updated_at = %(now)s,
+    finished_at = %(finished_at)s
+WHERE task_id = %(task_id)s AND version = %(version)s
+"""
+
+# pending -> running for the tasks of freshly leased steps; rows an advance holds are skipped.
+MARK_TASKS_RUNNING = """
+UPDATE tasks SET status = %(running)s, version = version + 1, updated_at = %(now)s
+WHERE task_id IN (
+    SELECT task_id FROM tasks WHERE task_id = ANY(%(task_ids)s) AND status = %(pending)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING task_id
+"""
+
+# A live executor session's heartbeat.
+TOUCH_SESSION = """
+UPDATE executor_sessions SET last_seen_at = %(now)s, expires_at = %(expires_at)s
+WHERE id = %(session_id)s AND ended_at IS NULL
+"""
+
+
+@functools.lru_cache(maxsize=64)
+def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
+    """Guarded transitions of many steps from a JSON array of rows: one text per set of columns
+    set besides the status (`fields` as (column, SQL type) pairs)."""
+    declared = "".join(f", {name} {kind}" for name, kind in fields)
+    sets = "".join(f", {name} = v.{name}" for name, _ in fields)
+    return (
+        "UPDATE steps AS s SET status = v.new_status, updated_at = %(now)s"
+        + sets
+        + " FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seen_status text,"
+        " seen_attempt bigint, new_status text" + declared + ")"
+        " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
+        " RETURNING s.id, s.attempt"
+    )
+
+
 async def driver(conn: Connection) -> psycopg.AsyncConnection[Any]:
     """The psycopg connection under a Postgres transaction."""
     raw = await conn.get_raw_connection()
@@ -128,3 +168,33 @@ async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
         {"channels": [c for c, _ in messages], "payloads": [p for _, p in messages]},
         prepare=True,
     )
+
+
+async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:
+    pg = await driver(conn)
+    cur = await pg.execute(SET_TASK_STATUS, _bound(params, frozenset()), prepare=True)
+    return cur.rowcount == 1
+
+
+async def mark_tasks_running(
+    conn: Connection, task_ids: Sequence[str], *, now: Any, pending: str, running: str
+) -> list[str]:
+    pg = await driver(conn)
+    params = {"task_ids": list(task_ids), "now": now, "pending": pending, "running": running}
+    cur = await pg.execute(MARK_TASKS_RUNNING, params, prepare=True)
+    return [task_id for (task_id,) in await cur.fetchall()]
+
+
+async def touch_session(conn: Connection, params: Mapping[str, Any]) -> bool:
+    pg = await driver(conn)
+    cur = await pg.execute(TOUCH_SESSION, params, prepare=True)
+    return cur.rowcount > 0
+
+
+async def change_steps(
+    conn: Connection, fields: tuple[tuple[str, str], ...], *, rows: str, now: Any
+) -> dict[int, int]:
+    """Run `change_steps_sql(fields)` over a JSON array of rows; {step key: attempt} moved."""
+    pg = await driver(conn)
+    cur = await pg.execute(change_steps_sql(fields), {"rows": rows, "now": now}, prepare=True)
+    return {key: attempt for key, attempt in await cur.fetchall()}

@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_reach.states import StepStatus
+from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.storage.schema import executor_sessions, steps
 
@@ -116,6 +117,9 @@ async def touch_session(
     conn: Connection, session_id: str, *, now: datetime, expires_at: datetime
 ) -> bool:
     """Move a live session's last heartbeat and expiry; False when it has ended (or is unknown)."""
+    if conn.dialect.name == "postgresql":
+        params = {"session_id": session_id, "now": now, "expires_at": expires_at}
+        return await hot.touch_session(conn, params)
     done = await conn.execute(
         sa.update(executor_sessions)
         .where(executor_sessions.c.id == session_id, executor_sessions.c.ended_at.is_(None))

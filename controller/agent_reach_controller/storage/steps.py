@@ -356,16 +356,7 @@ async def _change_steps_set_based(
         groups.setdefault(tuple(sorted(change.values)), []).append(change)
     moved: dict[int, int] = {}
     for columns, group in groups.items():
-        fields = ", ".join(f"{c} {_sql_type(steps.c[c])}" for c in columns)
-        sets = "".join(f", {c} = v.{c}" for c in columns)
-        sql = sa.text(
-            "UPDATE steps AS s SET status = v.new_status, updated_at = :now"
-            + sets
-            + " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS v(id bigint, seen_status text,"
-            " seen_attempt bigint, new_status text" + (", " + fields if fields else "") + ")"
-            " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
-            " RETURNING s.id, s.attempt"
-        ).bindparams(sa.bindparam("now", type_=UtcDateTime()))
+        fields = tuple((c, _sql_type(steps.c[c])) for c in columns)
         rows = [
             {
                 "id": c.step.id,
@@ -377,8 +368,7 @@ async def _change_steps_set_based(
             for c in group
         ]
         payload = json.dumps(rows, default=_json_default, separators=(",", ":"))
-        result = await conn.execute(sql, {"rows": payload, "now": now})
-        moved.update({r[0]: r[1] for r in result.all()})
+        moved.update(await hot.change_steps(conn, fields, rows=payload, now=now))
     return moved
 
 
@@ -548,12 +538,18 @@ async def set_task_status(
 ) -> bool:
     """Optimistic-locked status change of a task, with its event."""
     finished = now if status in _FINISHED else None
-    stmt = (
-        sa.update(tasks)
-        .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
-        .values(status=status, version=task.version + 1, updated_at=now, finished_at=finished)
-    )
-    if (await conn.execute(stmt)).rowcount != 1:
+    if conn.dialect.name == "postgresql":
+        params = {"task_id": task.task_id, "version": task.version, "status": status}
+        params |= {"now": now, "finished_at": finished}
+        changed = await hot.set_task_status(conn, params)
+    else:
+        stmt = (
+            sa.update(tasks)
+            .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
+            .values(status=status, version=task.version + 1, updated_at=now, finished_at=finished)
+        )
+        changed = (await conn.execute(stmt)).rowcount == 1
+    if not changed:
         return False
     await append_events(conn, [_task_status_event(task.task_id, task.status, status, now=now)])
     return True
@@ -575,17 +571,24 @@ async def mark_tasks_running(
     Task rows locked by an advance are skipped, never waited for (the claim holds step locks, and
     locks go task first everywhere else); that advance settles the status itself.
     """
-    pending = (
-        sa.select(tasks.c.task_id)
-        .where(tasks.c.task_id.in_(sorted(set(task_ids))), tasks.c.status == TaskStatus.PENDING)
-        .with_for_update(skip_locked=True)
-    )
-    rows = await conn.execute(
-        sa.update(tasks)
-        .where(tasks.c.task_id.in_(pending.scalar_subquery()))
-        .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
-        .returning(tasks.c.task_id)
-    )
+    ids = sorted(set(task_ids))
+    if conn.dialect.name == "postgresql":
+        running = await hot.mark_tasks_running(
+            conn, ids, now=now, pending=TaskStatus.PENDING.value, running=TaskStatus.RUNNING.value
+        )
+    else:
+        pending = (
+            sa.select(tasks.c.task_id)
+            .where(tasks.c.task_id.in_(ids), tasks.c.status == TaskStatus.PENDING)
+            .with_for_update(skip_locked=True)
+        )
+        rows = await conn.execute(
+            sa.update(tasks)
+            .where(tasks.c.task_id.in_(pending.scalar_subquery()))
+            .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
+            .returning(tasks.c.task_id)
+        )
+        running = [task_id for (task_id,) in rows.all()]
     await append_events(
         conn,
         [
@@ -596,7 +599,7 @@ async def mark_tasks_running(
                 to_status=TaskStatus.RUNNING,
                 created_at=now,
             )
-            for (task_id,) in rows.all()
+            for task_id in running
         ],
     )
 
