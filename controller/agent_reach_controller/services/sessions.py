@@ -82,7 +82,7 @@ class SessionInfo:
     leases: int
 
 
-def _session_of(row: storage.NewSession | storage.SessionRow) -> Session:
+def _session_of(row: storage.NewSession) -> Session:
     return Session(
         id=row.id,
         scope=PoolScope.from_json(row.scope, pool=row.pool, credential=row.credential),

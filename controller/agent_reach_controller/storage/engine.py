@@ -81,6 +81,13 @@ STORAGE_DOWN: tuple[type[Exception], ...] = (
 )
 
 
+async def driver(conn: AsyncConnection) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection under a Postgres transaction (for `storage/hot.py`)."""
+    raw = await conn.get_raw_connection()
+    found: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
+    return found
+
+
 # What a failed ping raises: the driver refused, or the socket did.
 DATABASE_ERRORS: tuple[type[Exception], ...] = (OSError, DBAPIError)
 
@@ -157,13 +164,14 @@ class Database:
                     if then is not None:
                         committed.append(then)
                 hooks = info.get(_BEFORE_COMMIT, ())
-                if hooks and self.is_postgres:
-                    # The buffered writes (events, rows, audit, wake-ups) in one round trip.
-                    raw = await conn.get_raw_connection()
-                    async with raw.driver_connection.pipeline():  # type: ignore[union-attr]
-                        for hook in hooks:
-                            await hook(conn)
-                else:
+                # On Postgres the buffered writes (rows, events, audit, wake-ups) are pipelined:
+                # one round trip for all of them.
+                batch: contextlib.AbstractAsyncContextManager[Any] = (
+                    (await driver(conn)).pipeline()
+                    if hooks and self.is_postgres
+                    else contextlib.nullcontext()
+                )
+                async with batch:
                     for hook in hooks:
                         await hook(conn)
                 finished = list(info.get(_AFTER_COMMIT, ()))

@@ -15,12 +15,11 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 
 from agent_reach_controller.storage import schema
-from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.engine import Connection, driver
 
 # Every event of a transaction, in one statement.
 INSERT_EVENTS = """
@@ -84,13 +83,6 @@ def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
     )
 
 
-async def driver(conn: Connection) -> psycopg.AsyncConnection[Any]:
-    """The psycopg connection under a Postgres transaction."""
-    raw = await conn.get_raw_connection()
-    found: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
-    return found
-
-
 def _json_columns(table: sa.Table) -> frozenset[str]:
     return frozenset(c.name for c in table.c if isinstance(c.type, sa.JSON))
 
@@ -125,16 +117,23 @@ def _bound(row: Mapping[str, Any], json_columns: frozenset[str]) -> dict[str, An
     return {k: _value(v, json=k in json_columns) for k, v in row.items()}
 
 
-async def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert whole rows of `tasks` or `steps`, grouped by the columns they set."""
-    json_columns = _TABLES[table][1]
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+def by_columns(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], list[Mapping[str, Any]]]:
+    """Rows grouped by the columns they set: a column a row leaves out keeps its default (SQL
+    NULL or the server default), never a value another row of the batch needed."""
+    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for row in rows:
-        groups.setdefault(tuple(sorted(row)), []).append(_bound(row, json_columns))
+        groups.setdefault(tuple(sorted(row)), []).append(row)
+    return groups
+
+
+async def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert whole rows of `tasks` or `steps`, one prepared statement per set of columns."""
+    json_columns = _TABLES[table][1]
     pg = await driver(conn)
     async with pg.cursor() as cur:
-        for columns, group in groups.items():
-            await cur.executemany(insert_rows_sql(table, columns), group)
+        for columns, group in by_columns(rows).items():
+            bound = [_bound(row, json_columns) for row in group]
+            await cur.executemany(insert_rows_sql(table, columns), bound)
 
 
 async def insert_events(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:

@@ -37,22 +37,9 @@ class NewSession:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SessionRow:
-    """One row of `executor_sessions`."""
+class SessionRow(NewSession):
+    """One row of `executor_sessions`: a session as opened, and how it ended if it did."""
 
-    id: str
-    secret_hash: str
-    lease_key: str
-    credential: str
-    pool: str
-    scope: dict[str, Any]
-    executor_id: str
-    connectors: list[str]
-    slots: int
-    version: str
-    registered_at: datetime
-    last_seen_at: datetime
-    expires_at: datetime
     ended_at: datetime | None
     end_reason: str | None
 

@@ -308,9 +308,9 @@ class NewTask:
             await hot.insert_rows(conn, "tasks", [self.task])
             await hot.insert_rows(conn, "steps", rows)
             return
-        await insert_task(conn, self.task)
-        columns = {c for row in rows for c in row}  # an advance sets some columns on some rows
-        await conn.execute(steps.insert(), [{c: row.get(c) for c in columns} for row in rows])
+        await conn.execute(tasks.insert().values(**self.task))
+        for group in hot.by_columns(rows).values():  # an advance sets some columns on some rows
+            await conn.execute(steps.insert(), list(group))
 
 
 async def _change_one(
@@ -449,10 +449,6 @@ async def extend_leases(
 
 
 # --- tasks ----------------------------------------------------------------------------------
-
-
-async def insert_task(conn: AsyncConnection, row: dict[str, Any]) -> None:
-    await conn.execute(tasks.insert().values(**row))
 
 
 async def load_task(conn: AsyncConnection, task_id: str) -> TaskRow | None:
