@@ -57,7 +57,7 @@ class StreamAsk:
     last_event_id: int | None  # where an EventSource resumes (it wins over `after`)
 
 
-def stream_ask(
+async def stream_ask(
     request: Request,
     last_event_id: Annotated[
         int | None,

@@ -57,7 +57,7 @@ def pointer_from_loc(loc: Sequence[str | int]) -> str:
     return "/" + "/".join(tokens) if tokens else ""
 
 
-def single_query_values(request: Request) -> None:
+async def single_query_values(request: Request) -> None:
     """Every query parameter of this API is one value: `?a=1&a=2` is a 422, not "the last wins"."""
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
