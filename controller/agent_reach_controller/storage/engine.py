@@ -22,7 +22,12 @@ Connection = AsyncConnection
 TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 _AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
-CommitHook = Callable[[AsyncConnection], Awaitable[None]]
+# Kept for the life of the pooled connection (its `info` is per DBAPI connection).
+_DRIVER = "agent_reach.driver"
+# What a hook may hand back: called once the pipeline has been answered, still before COMMIT;
+# raising there rolls the transaction back (a guard whose read rode in the pipeline).
+Check = Callable[[], Awaitable[None]]
+CommitHook = Callable[[AsyncConnection], Awaitable[Check | None]]
 AfterCommit = Callable[[], Awaitable[None]]
 # Told about every transaction of a Database just before it commits; what it returns runs once
 # the commit has succeeded (never after a rollback).
@@ -30,7 +35,11 @@ CommitObserver = Callable[[AsyncConnection], Awaitable[AfterCommit | None]]
 
 
 def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
-    """Run `hook(conn)` just before this transaction commits (not if it rolls back)."""
+    """Run `hook(conn)` just before this transaction commits (not if it rolls back).
+
+    On Postgres the hooks' statements share one pipeline; a hook that must look at what its
+    statement returned hands back a `Check`, called once the pipeline is answered.
+    """
     conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
 
 
@@ -83,8 +92,12 @@ STORAGE_DOWN: tuple[type[Exception], ...] = (
 
 async def driver(conn: AsyncConnection) -> psycopg.AsyncConnection[Any]:
     """The psycopg connection under a Postgres transaction (for `storage/hot.py`)."""
+    cached: psycopg.AsyncConnection[Any] | None = conn.info.get(_DRIVER)
+    if cached is not None:
+        return cached
     raw = await conn.get_raw_connection()
     found: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
+    conn.info[_DRIVER] = found
     return found
 
 
@@ -126,7 +139,10 @@ class Database:
         else:
             kwargs["pool_size"] = pool_size
             kwargs["max_overflow"] = pool_size
-            kwargs["pool_pre_ping"] = True
+            # No ping at checkout: it costs a round trip and ~0.4 ms of CPU per transaction. A
+            # connection that died with the server fails its first statement instead (a 503,
+            # Retry-After), and SQLAlchemy then drops every connection older than the failure.
+            kwargs["pool_pre_ping"] = False
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
@@ -171,9 +187,14 @@ class Database:
                     if hooks and self.is_postgres
                     else contextlib.nullcontext()
                 )
+                checks: list[Check] = []
                 async with batch:
                     for hook in hooks:
-                        await hook(conn)
+                        check = await hook(conn)
+                        if check is not None:
+                            checks.append(check)
+                for check in checks:
+                    await check()
                 finished = list(info.get(_AFTER_COMMIT, ()))
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
