@@ -25,11 +25,11 @@ from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.tasks import (
     ApprovalInput,
-    CatalogChangedError,
     ResolveInput,
     SubmitInput,
     Submitted,
 )
+from agent_reach_controller.storage.catalog import CatalogChangedError
 
 # Every route here that reads a body reads JSON: any other media type is a 415 (api/media.py).
 router = APIRouter(
@@ -40,7 +40,7 @@ router = APIRouter(
 )
 
 
-def components(request: Request) -> Components:
+async def components(request: Request) -> Components:
     app_components: Components = request.app.state.components
     return app_components
 

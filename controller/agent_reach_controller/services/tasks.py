@@ -104,10 +104,6 @@ class ResolveInput:
     tenant: str | None = None
 
 
-class CatalogChangedError(Exception):
-    """The tool catalogue changed after the plan was validated: validate again."""
-
-
 class IdempotencyConflictError(Exception):
     """The Idempotency-Key was already used with a different request body."""
 
@@ -165,6 +161,11 @@ def request_hash(body: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+# How many times a submit retries when the first holder of its Idempotency-Key vanishes between
+# the conflict and the look-up (only if the key's record is deleted meanwhile).
+_KEY_RACES = 3
+
+
 class TaskService:
     """Everything that creates tasks or moves them forward outside of executor reports."""
 
@@ -185,12 +186,45 @@ class TaskService:
         self._announcer = announcer
 
     async def submit(self, data: SubmitInput) -> Submitted:
-        """Persist a validated plan and make its first steps ready, in one transaction."""
+        """Persist a validated plan and make its first steps ready, in one transaction.
+
+        With an Idempotency-Key another submit already holds, nothing is stored and the task
+        of that first submit is answered (or IdempotencyConflictError for another body).
+        """
+        for _ in range(_KEY_RACES):
+            try:
+                return await self._create(data)
+            except store.KeyTakenError:
+                pass
+            replayed = await self._replay(data)
+            if replayed is not None:
+                return replayed
+        raise RuntimeError("an Idempotency-Key kept appearing and vanishing")  # pragma: no cover
+
+    async def _replay(self, data: SubmitInput) -> Submitted | None:
+        """The first submit's task for a key already used (None if that record is gone)."""
+        assert data.idempotency_key is not None
+        async with self._db.transaction() as conn:
+            stored = await store.load_idempotency_key(conn, data.principal, data.idempotency_key)
+            if stored is None:
+                return None
+            stored_hash, stored_task = stored
+            if stored_hash != request_hash(data.request):
+                raise IdempotencyConflictError(stored_task)
+            existing = await self._view(conn, stored_task)
+        return Submitted(
+            task_id=stored_task,
+            trace_id=existing.task.trace_id,
+            status=existing.task.status,
+            created=False,
+        )
+
+    async def _create(self, data: SubmitInput) -> Submitted:
         now = datetime.now(UTC)
         task_id = data.task_id or new_task_id()
         async with self._db.transaction() as conn:
             if data.idempotency_key is not None:
-                stored_hash, stored_task = await store.claim_idempotency_key(
+                await store.claim_idempotency_key(
                     conn,
                     {
                         "principal": data.principal,
@@ -200,19 +234,8 @@ class TaskService:
                         "created_at": now,
                     },
                 )
-                if stored_task != task_id:
-                    if stored_hash != request_hash(data.request):
-                        raise IdempotencyConflictError(stored_task)
-                    existing = await self._view(conn, stored_task)
-                    return Submitted(
-                        task_id=stored_task,
-                        trace_id=existing.task.trace_id,
-                        status=existing.task.status,
-                        created=False,
-                    )
-            expected = data.catalog_revision
-            if expected is not None and await catalog.revision(conn) != expected:
-                raise CatalogChangedError
+            if data.catalog_revision is not None:
+                await catalog.expect_revision(conn, data.catalog_revision)
             trace_id = data.trace_id or new_trace_id()
             new = store.NewTask(
                 _task_row(data, task_id=task_id, trace_id=trace_id, now=now),

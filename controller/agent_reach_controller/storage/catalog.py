@@ -10,8 +10,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.engine import Check, before_commit
 from agent_reach_controller.storage.schema import catalog_state, tool_changes, tool_heads, tools
 from agent_reach_controller.storage.steps import dialect_insert
+
+
+class CatalogChangedError(Exception):
+    """The tool catalogue changed after the plan was validated: validate again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +59,36 @@ async def load_version(conn: AsyncConnection, name: str, version: str) -> dict[s
 
 async def revision(conn: AsyncConnection, *, lock: bool = False) -> int:
     """The catalogue's revision; `lock` holds it until commit (one writer at a time)."""
+    if not lock and conn.dialect.name == "postgresql":
+        return int((await hot.tuples(conn, hot.CATALOG_REVISION, {}))[0][0])
     query = sa.select(catalog_state.c.revision).where(catalog_state.c.id == 1)
     if lock and conn.dialect.name == "postgresql":
         query = query.with_for_update()
     return int((await conn.execute(query)).scalar_one())
+
+
+async def expect_revision(conn: AsyncConnection, expected: int) -> None:
+    """Commit only if the catalogue is still at `expected`, else raise CatalogChangedError.
+
+    On Postgres the read rides in the commit's pipeline, as late as it can be (no round trip
+    of its own); on SQLite, the one writer, it is made at once.
+    """
+    if conn.dialect.name != "postgresql":
+        if await revision(conn) != expected:
+            raise CatalogChangedError
+        return
+
+    async def guard(c: AsyncConnection) -> Check:
+        sent = await hot.catalog_revision(c)
+
+        async def check() -> None:
+            row = await sent.fetchone()
+            if row is None or int(row[0]) != expected:
+                raise CatalogChangedError
+
+        return check
+
+    before_commit(conn, guard)
 
 
 async def load_heads(conn: AsyncConnection) -> list[HeadRow]:

@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition, sources, target
+from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import UtcDateTime, executor_sessions, steps
 from agent_reach_controller.storage.steps import NewEvent, append_events
@@ -169,8 +170,25 @@ def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
 async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
     """Lease up to `limit` due ready steps to an executor, in fair order.
 
-    The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit.
+    The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit:
+    one statement on Postgres (`hot.CLAIM_READY`).
     """
+    if conn.dialect.name == "postgresql":
+        rows = await hot.claim_ready(
+            conn,
+            {
+                "connectors": list(claim.connectors),
+                "skip": list(claim.exclude_tools),
+                "tenant": claim.tenant,
+                "now": claim.now,
+                "limit": claim.limit,
+                "owner": claim.executor_id,
+                "lease_expires_at": claim.lease_expires_at,
+                "lease_seq": claim.lease_seq,
+                "session": bool(claim.executor),
+            },
+        )
+        return await _leased(conn, [StepRow.from_mapping(r) for r in rows], claim)
     keys = await fair_order(conn, claim)
     if not keys:
         return []
@@ -311,6 +329,13 @@ async def _lease(conn: AsyncConnection, picked: sa.CTE, claim: ClaimInput) -> li
         .returning(*steps.c, queued_at.label("queued_at"))
     )
     claimed = [StepRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
+    return await _leased(conn, claimed, claim)
+
+
+async def _leased(
+    conn: AsyncConnection, claimed: list[StepRow], claim: ClaimInput
+) -> list[StepRow]:
+    """Record the lease events of `claimed`; returns them."""
     await append_events(
         conn,
         [

@@ -11,6 +11,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.storage.records import Breaker, BreakerState
 from agent_reach_controller.storage.schema import breakers, rate_buckets, tool_pauses
@@ -128,6 +129,9 @@ async def save_buckets(conn: Connection, tats: Mapping[str, float]) -> None:
 
 async def active_pauses(conn: Connection, *, now: datetime) -> dict[str, datetime]:
     """Tools held back by their downstream right now, and until when."""
+    if conn.dialect.name == "postgresql":
+        found = await hot.rows(conn, hot.ACTIVE_PAUSES, {"now": now})
+        return {r["tool"]: r["until"] for r in found}
     rows = await conn.execute(
         sa.select(tool_pauses.c.tool, tool_pauses.c.until).where(tool_pauses.c.until > now)
     )

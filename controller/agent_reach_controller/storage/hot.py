@@ -13,9 +13,12 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg import AsyncCursor
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent_reach_controller.storage import schema
@@ -42,6 +45,61 @@ SELECT pg_notify(n.channel, n.payload)
 FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
 """
 
+# The catalogue's revision, read in the commit's pipeline (the guard of a submit).
+CATALOG_REVISION = "SELECT revision FROM catalog_state WHERE id = 1"
+
+# A new Idempotency-Key: no row back means another submit holds it.
+CLAIM_IDEMPOTENCY_KEY = """
+INSERT INTO idempotency_keys (principal, key, request_hash, task_id, created_at)
+VALUES (%(principal)s, %(key)s, %(request_hash)s, %(task_id)s, %(created_at)s)
+ON CONFLICT (principal, key) DO NOTHING
+RETURNING task_id
+"""
+
+# The ungoverned claim in one statement: fair order (as `claims._FAIR_ORDER`: tenants walked by
+# a loose index scan, each giving its first `limit` due steps, dealt out by priority then in
+# turn), the rows still queued locked (rows another claimer holds are skipped; MATERIALIZED, or
+# the planner may evaluate the locking subquery twice and lease rows it did not lock), and the
+# lease, taken only while the holder's session lives. Each row comes back with `queued_at`, the
+# `updated_at` it had before the lease.
+CLAIM_READY = """
+WITH RECURSIVE owners(p) AS (
+    (SELECT tenant FROM steps WHERE status = 'ready' ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT tenant FROM steps
+            WHERE status = 'ready' AND tenant > owners.p ORDER BY tenant LIMIT 1)
+    FROM owners WHERE owners.p IS NOT NULL
+), fair AS (
+    SELECT q.id FROM (
+        SELECT s.id, s.priority,
+               row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
+        FROM owners o, LATERAL (
+            SELECT id, priority FROM steps
+            WHERE status = 'ready' AND tenant = o.p
+              AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+              AND connector = ANY(%(connectors)s::text[]) AND tool <> ALL(%(skip)s::text[])
+              AND (not_before IS NULL OR not_before <= %(now)s)
+            ORDER BY priority DESC, id
+            LIMIT %(limit)s
+        ) s
+        WHERE o.p IS NOT NULL
+    ) q
+    ORDER BY q.priority DESC, q.turn, q.id
+    LIMIT %(limit)s
+), picked AS MATERIALIZED (
+    SELECT id AS step_key, updated_at AS queued_at FROM steps
+    WHERE id IN (SELECT id FROM fair) AND status = 'ready'
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE steps SET status = 'running', lease_owner = %(owner)s,
+    lease_expires_at = %(lease_expires_at)s, lease_seq = %(lease_seq)s,
+    started_at = coalesce(steps.started_at, %(now)s), updated_at = %(now)s
+FROM picked
+WHERE steps.id = picked.step_key AND steps.status = 'ready'
+  AND (NOT %(session)s OR EXISTS (
+      SELECT 1 FROM executor_sessions WHERE id = %(owner)s AND ended_at IS NULL))
+RETURNING steps.*, picked.queued_at
+"""
 
 # A task's status, guarded by the version it was read at (optimistic lock).
 SET_TASK_STATUS = """
@@ -197,3 +255,74 @@ async def change_steps(
     pg = await driver(conn)
     cur = await pg.execute(change_steps_sql(fields), {"rows": rows, "now": now}, prepare=True)
     return {key: attempt for key, attempt in await cur.fetchall()}
+
+
+async def catalog_revision(conn: Connection) -> AsyncCursor[Any]:
+    """Send the catalogue-revision read; its row is there once the pipeline is answered."""
+    pg = await driver(conn)
+    return await pg.execute(CATALOG_REVISION, prepare=True)
+
+
+async def claim_idempotency_key(conn: Connection, row: Mapping[str, Any]) -> AsyncCursor[Any]:
+    """Send the key's insert; once answered, a row back means this transaction holds the key."""
+    pg = await driver(conn)
+    return await pg.execute(CLAIM_IDEMPOTENCY_KEY, row, prepare=True)
+
+
+def _utc(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as SQLAlchemy's UtcDateTime gives it: every timestamp in UTC."""
+    for name, value in row.items():
+        if isinstance(value, datetime) and value.tzinfo is not UTC:
+            row[name] = value.astimezone(UTC)
+    return row
+
+
+async def claim_ready(conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Run CLAIM_READY; the leased rows (every `steps` column, and `queued_at`)."""
+    pg = await driver(conn)
+    async with pg.cursor(row_factory=dict_row) as cur:
+        await cur.execute(CLAIM_READY, params, prepare=True)
+        return [_utc(row) for row in await cur.fetchall()]
+
+
+# Reads of the report and claim paths: whole rows by key, and what an advance needs.
+STEPS_BY_KEY = "SELECT * FROM steps WHERE id = ANY(%(keys)s::bigint[])"
+TASKS_BY_ID = "SELECT * FROM tasks WHERE task_id = ANY(%(ids)s::text[])"
+BLOCKED_STEPS = """
+SELECT * FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
+ORDER BY task_id, position
+"""
+STEPS_BY_NAME = """
+SELECT s.* FROM steps AS s
+JOIN unnest(%(task_ids)s::text[], %(step_ids)s::text[]) AS n(task_id, step_id)
+  ON s.task_id = n.task_id AND s.step_id = n.step_id
+"""
+STATUS_COUNTS = """
+SELECT task_id, status, count(*) FROM steps WHERE task_id = ANY(%(ids)s::text[])
+GROUP BY task_id, status
+"""
+# Row locks that serialise advancing these tasks between replicas, in id order.
+LOCK_TASKS = (
+    "SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id FOR UPDATE"
+)
+LOCK_TASKS_OF_STEPS = """
+SELECT task_id FROM tasks
+WHERE task_id IN (SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[]))
+ORDER BY task_id FOR UPDATE
+"""
+ACTIVE_PAUSES = "SELECT tool, until FROM tool_pauses WHERE until > %(now)s"
+
+
+async def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A prepared read's rows as dicts, timestamps in UTC."""
+    pg = await driver(conn)
+    async with pg.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params, prepare=True)
+        return [_utc(row) for row in await cur.fetchall()]
+
+
+async def tuples(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """A prepared read's rows as tuples (no timestamp among them is converted)."""
+    pg = await driver(conn)
+    cur = await pg.execute(sql, params, prepare=True)
+    return await cur.fetchall()

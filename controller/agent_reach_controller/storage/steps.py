@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, apply, target
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
+from agent_reach_controller.storage.engine import TX_STATE_PREFIX, Check, before_commit
 from agent_reach_controller.storage.records import (
     EventRow,
     QueuedTool,
@@ -110,23 +110,36 @@ async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str])
     ids = sorted(set(task_ids))
     if not ids:
         return []
-    rows = await conn.execute(
-        sa.select(steps)
-        .where(steps.c.task_id.in_(ids), steps.c.status == StepStatus.BLOCKED)
-        .order_by(steps.c.task_id, steps.c.position)
-    )
-    blocked = [StepRow.from_mapping(r) for r in rows.mappings()]
+    pg = conn.dialect.name == "postgresql"
+    found: Iterable[Mapping[Any, Any]]
+    if pg:
+        found = await hot.rows(conn, hot.BLOCKED_STEPS, {"ids": ids})
+    else:
+        found = (
+            await conn.execute(
+                sa.select(steps)
+                .where(steps.c.task_id.in_(ids), steps.c.status == StepStatus.BLOCKED)
+                .order_by(steps.c.task_id, steps.c.position)
+            )
+        ).mappings()
+    blocked = [StepRow.from_mapping(r) for r in found]
     if not blocked:
         return []
     have = {(s.task_id, s.step_id) for s in blocked}
-    needed = {(s.task_id, d) for s in blocked for d in s.depends_on} - have
+    needed = sorted({(s.task_id, d) for s in blocked for d in s.depends_on} - have)
     if not needed:
         return blocked
-    rows = await conn.execute(
-        sa.select(steps).where(sa.tuple_(steps.c.task_id, steps.c.step_id).in_(sorted(needed)))
-    )
+    if pg:
+        names = {"task_ids": [t for t, _ in needed], "step_ids": [s for _, s in needed]}
+        found = await hot.rows(conn, hot.STEPS_BY_NAME, names)
+    else:
+        found = (
+            await conn.execute(
+                sa.select(steps).where(sa.tuple_(steps.c.task_id, steps.c.step_id).in_(needed))
+            )
+        ).mappings()
     return sorted(
-        [*blocked, *(StepRow.from_mapping(r) for r in rows.mappings())],
+        [*blocked, *(StepRow.from_mapping(r) for r in found)],
         key=lambda s: (s.task_id, s.position),
     )
 
@@ -138,13 +151,19 @@ async def status_counts(
     ids = sorted(set(task_ids))
     if not ids:
         return {}
-    rows = await conn.execute(
-        sa.select(steps.c.task_id, steps.c.status, sa.func.count())
-        .where(steps.c.task_id.in_(ids))
-        .group_by(steps.c.task_id, steps.c.status)
-    )
+    found: Iterable[Sequence[Any]]
+    if conn.dialect.name == "postgresql":
+        found = await hot.tuples(conn, hot.STATUS_COUNTS, {"ids": ids})
+    else:
+        found = (
+            await conn.execute(
+                sa.select(steps.c.task_id, steps.c.status, sa.func.count())
+                .where(steps.c.task_id.in_(ids))
+                .group_by(steps.c.task_id, steps.c.status)
+            )
+        ).all()
     counts: dict[str, Counter[StepStatus]] = {}
-    for task_id, status, count in rows.all():
+    for task_id, status, count in found:
         counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
     return counts
 
@@ -153,6 +172,9 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     wanted = sorted(set(keys))
     if not wanted:
         return {}
+    if conn.dialect.name == "postgresql":
+        found = await hot.rows(conn, hot.STEPS_BY_KEY, {"keys": wanted})
+        return {r["id"]: StepRow.from_mapping(r) for r in found}
     rows = await conn.execute(sa.select(steps).where(steps.c.id.in_(wanted)))
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
 
@@ -491,6 +513,9 @@ async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str
     ids = sorted(set(task_ids))
     if not ids:
         return {}
+    if conn.dialect.name == "postgresql":
+        found = await hot.rows(conn, hot.TASKS_BY_ID, {"ids": ids})
+        return {r["task_id"]: TaskRow.from_mapping(r) for r in found}
     rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
     return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
 
@@ -628,7 +653,9 @@ async def request_cancel(conn: AsyncConnection, task_id: str, *, now: datetime) 
 async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
     """Serialise advancement of these tasks between replicas (row locks, in id order)."""
     ids = sorted(set(task_ids))
-    if ids:
+    if ids and conn.dialect.name == "postgresql":
+        await hot.tuples(conn, hot.LOCK_TASKS, {"ids": ids})
+    elif ids:
         await conn.execute(
             sa.select(tasks.c.task_id)
             .where(tasks.c.task_id.in_(ids))
@@ -642,6 +669,8 @@ async def lock_tasks_of_steps(conn: AsyncConnection, keys: Iterable[int]) -> lis
     wanted = sorted(set(keys))
     if not wanted:
         return []
+    if conn.dialect.name == "postgresql":
+        return [r[0] for r in await hot.tuples(conn, hot.LOCK_TASKS_OF_STEPS, {"keys": wanted})]
     owners = sa.select(steps.c.task_id).where(steps.c.id.in_(wanted))
     rows = await conn.execute(
         sa.select(tasks.c.task_id)
@@ -667,26 +696,51 @@ async def load_events(
 # --- idempotency ---------------------------------------------------------------------------
 
 
-async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> tuple[str, str]:
-    """Record (principal, key) → task; returns the (request_hash, task_id) stored for the key.
+class KeyTakenError(Exception):
+    """Another transaction holds this (principal, Idempotency-Key): nothing here was stored."""
 
-    A concurrent submit with the same key waits on the unique index and then sees the first
-    one's record, so exactly one task is created per key.
+
+async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> None:
+    """Record (principal, key) → task, or raise KeyTakenError (rolling the transaction back).
+
+    A concurrent submit with the same key waits on the unique index until the first one ends,
+    so exactly one task is created per key. On Postgres the insert rides in the commit's
+    pipeline and the error comes at commit; on SQLite it comes at once.
     """
-    await conn.execute(
+    if conn.dialect.name == "postgresql":
+
+        async def claim(c: AsyncConnection) -> Check:
+            sent = await hot.claim_idempotency_key(c, row)
+
+            async def check() -> None:
+                if await sent.fetchone() is None:
+                    raise KeyTakenError
+
+            return check
+
+        before_commit(conn, claim)
+        return
+    inserted = await conn.execute(
         dialect_insert(conn, idempotency_keys)
         .values(**row)
         .on_conflict_do_nothing(index_elements=["principal", "key"])
     )
-    stored = (
+    if inserted.rowcount != 1:
+        raise KeyTakenError
+
+
+async def load_idempotency_key(
+    conn: AsyncConnection, principal: str, key: str
+) -> tuple[str, str] | None:
+    """The (request_hash, task_id) stored for (principal, key), if any."""
+    row = (
         await conn.execute(
             sa.select(idempotency_keys.c.request_hash, idempotency_keys.c.task_id).where(
-                idempotency_keys.c.principal == row["principal"],
-                idempotency_keys.c.key == row["key"],
+                idempotency_keys.c.principal == principal, idempotency_keys.c.key == key
             )
         )
-    ).one()
-    return stored[0], stored[1]
+    ).first()
+    return (row[0], row[1]) if row is not None else None
 
 
 def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
