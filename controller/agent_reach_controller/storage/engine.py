@@ -147,6 +147,10 @@ class Database:
         if self.dialect == "sqlite":
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._observers: list[CommitObserver] = []
+        # Postgres connections kept checked out between transactions: a checkout, the handle
+        # around it and its return cost ~0.2 ms of CPU per transaction, more than a BEGIN/COMMIT.
+        self._idle: list[AsyncConnection] = []
+        self._keep = pool_size if self.dialect == "postgresql" else 0
 
     def observe_commits(self, observer: CommitObserver) -> None:
         """Call `observer(conn)` in every transaction just before its `before_commit` hooks.
@@ -169,7 +173,7 @@ class Database:
         run before them, and what they return after the commit, after the `after_commit` ones.
         """
         committed: list[AfterCommit] = []
-        async with self._lock or contextlib.nullcontext(), self.engine.begin() as conn:
+        async with self._lock or contextlib.nullcontext(), self._begin() as conn:
             # Read once, while the connection is sound: on a connection that died mid-way
             # `conn.info` raises, and that error would replace the real one (a lost database).
             info = conn.info
@@ -204,10 +208,48 @@ class Database:
         for then in committed:
             await then()
 
+    @contextlib.asynccontextmanager
+    async def _begin(self) -> AsyncIterator[AsyncConnection]:
+        """A transaction on a kept connection if one is idle (Postgres), else on a new one."""
+        if not self._keep:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        conn = self._idle.pop() if self._idle else await self.engine.connect()
+        try:
+            async with conn.begin():
+                yield conn
+        except Exception:
+            if conn.invalidated:  # the server went away: the other kept ones are likely dead too
+                await self._drop_idle()
+            await self._release(conn)
+            raise
+        except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            await conn.close()
+            raise
+        await self._release(conn)
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        sound = not (conn.invalidated or conn.closed or conn.in_transaction())
+        if sound and len(self._idle) < self._keep:
+            self._idle.append(conn)
+        else:
+            await conn.close()
+
+    async def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(*STORAGE_DOWN, OSError):
+                await conn.invalidate()
+
     async def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
         async with self.transaction() as conn:
             await conn.execute(sa.text("SELECT 1"))
 
     async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(*STORAGE_DOWN, OSError):
+                await conn.close()
         await self.engine.dispose()
