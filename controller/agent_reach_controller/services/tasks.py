@@ -300,19 +300,19 @@ class TaskService:
         given: rows the caller read under those locks).
         """
         ids = sorted(set(task_ids))
-        if tasks is None:
-            if not locked:
-                await store.lock_tasks(conn, ids)
-            tasks = await store.load_tasks(conn, ids)
-        budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
+        if tasks is None and not locked:
+            await store.lock_tasks(conn, ids)
         # Only blocked steps can move, and only their dependencies' outputs matter; a task's
         # other steps count only through their statuses. (A budget needs every step's attempts.)
-        rows = await store.load_steps(conn, budgeted) if budgeted else []
-        rows += await store.load_advanceable_steps(conn, [t for t in ids if t not in budgeted])
+        loaded, rows, counts = await store.load_for_advance(conn, ids, with_tasks=tasks is None)
+        tasks = loaded if tasks is None else tasks
+        budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
+        if budgeted:
+            rows = [r for r in rows if r.task_id not in budgeted]
+            rows += await store.load_steps(conn, budgeted)
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in rows:
             by_task[step.task_id].append(step)
-        counts = await store.status_counts(conn, ids)
         return await self._advance_loaded(conn, tasks, by_task, now=now, counts=counts)
 
     async def _advance_loaded(

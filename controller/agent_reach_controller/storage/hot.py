@@ -326,3 +326,36 @@ async def tuples(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[
     pg = await driver(conn)
     cur = await pg.execute(sql, params, prepare=True)
     return await cur.fetchall()
+
+
+# The steps an advance needs: the blocked ones and those they depend on, in task order.
+ADVANCEABLE_STEPS = """
+WITH b AS (SELECT * FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked')
+SELECT * FROM b
+UNION ALL
+SELECT s.* FROM steps AS s
+WHERE (s.task_id, s.step_id) IN (
+    SELECT b.task_id, d.step_id FROM b, jsonb_array_elements_text(b.depends_on) AS d(step_id)
+) AND s.status <> 'blocked'
+ORDER BY task_id, position
+"""
+
+
+async def advance_reads(
+    conn: Connection, ids: Sequence[str], *, with_tasks: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """(task rows, advanceable step rows, status counts) of these tasks, in one round trip."""
+    pg = await driver(conn)
+    params = {"ids": list(ids)}
+    async with (
+        pg.cursor(row_factory=dict_row) as tasks,
+        pg.cursor(row_factory=dict_row) as steps,
+        pg.cursor() as counts,
+    ):
+        async with pg.pipeline():
+            if with_tasks:
+                await tasks.execute(TASKS_BY_ID, params, prepare=True)
+            await steps.execute(ADVANCEABLE_STEPS, params, prepare=True)
+            await counts.execute(STATUS_COUNTS, params, prepare=True)
+        found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
+        return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()

@@ -105,6 +105,29 @@ async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[Ste
     return [StepRow.from_mapping(r) for r in rows.mappings()]
 
 
+async def load_for_advance(
+    conn: AsyncConnection, task_ids: Iterable[str], *, with_tasks: bool = True
+) -> tuple[dict[str, TaskRow], list[StepRow], dict[str, Counter[StepStatus]]]:
+    """What an advance of these tasks reads: the task rows (unless `with_tasks` is false), the
+    blocked steps with every step they depend on, and the status counts. One round trip on
+    Postgres."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}, [], {}
+    if conn.dialect.name != "postgresql":
+        tasks = await load_tasks(conn, ids) if with_tasks else {}
+        return tasks, await load_advanceable_steps(conn, ids), await status_counts(conn, ids)
+    task_rows, step_rows, count_rows = await hot.advance_reads(conn, ids, with_tasks=with_tasks)
+    counts: dict[str, Counter[StepStatus]] = {}
+    for task_id, status, count in count_rows:
+        counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
+    return (
+        {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
+        [StepRow.from_mapping(r) for r in step_rows],
+        counts,
+    )
+
+
 async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
     """The blocked steps of these tasks and every step they depend on."""
     ids = sorted(set(task_ids))
