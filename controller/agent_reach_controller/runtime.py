@@ -111,7 +111,7 @@ async def open_components(settings: ControllerSettings) -> Components:
     url = settings.database_url.get_secret_value()
     if settings.migrate:
         await asyncio.to_thread(migrate.upgrade, url)
-    db = Database(url, pool_size=settings.db_pool_size)
+    db = Database(url, pool_size=settings.db_pool_size, prepare=settings.db_prepare)
     registry = ToolRegistry(db)
     # The files own the tools they define: each start makes the catalogue hold them as written
     # (tools added through the API stay; `reach tools import --prune` is the full sync).

@@ -105,6 +105,11 @@ class ControllerSettings(BaseSettings):
         None, ge=1, description="Refuse submits (429) from a caller with this many unfinished tasks"
     )
     db_pool_size: int = Field(10, ge=1)
+    db_prepare: bool = Field(
+        True,
+        description="Prepare the hot path's statements on each Postgres connection; turn off "
+        "behind a pooler in transaction mode that does not track prepared statements",
+    )
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")
     log_level: str = "INFO"

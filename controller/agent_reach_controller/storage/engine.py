@@ -126,7 +126,9 @@ class Database:
     (embedded mode is one process); Postgres transactions run concurrently and rely on row locks.
     """
 
-    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 10, echo: bool = False, prepare: bool = True
+    ) -> None:
         self.url = normalize_url(url)
         parsed = make_url(self.url)
         self.dialect = parsed.get_backend_name()
@@ -143,6 +145,8 @@ class Database:
             # connection that died with the server fails its first statement instead (a 503,
             # Retry-After), and SQLAlchemy then drops every connection older than the failure.
             kwargs["pool_pre_ping"] = False
+            if not prepare:  # nothing prepared, not even psycopg's repeated statements
+                kwargs["connect_args"] = {"prepare_threshold": None}
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)

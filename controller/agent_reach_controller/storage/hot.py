@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg import AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -210,12 +210,12 @@ async def insert_events(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> 
         for name, values in columns.items():
             values.append(_value(row[name], json=name == "data"))
     pg = await driver(conn)
-    await pg.execute(INSERT_EVENTS, columns, prepare=True)
+    await pg.execute(INSERT_EVENTS, columns, prepare=_prepared(pg))
 
 
 async def insert_audit_entry(conn: Connection, entry: Mapping[str, Any]) -> None:
     pg = await driver(conn)
-    await pg.execute(INSERT_AUDIT_ENTRY, _bound(entry, frozenset({"data"})), prepare=True)
+    await pg.execute(INSERT_AUDIT_ENTRY, _bound(entry, frozenset({"data"})), prepare=_prepared(pg))
 
 
 async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
@@ -223,13 +223,13 @@ async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
     await pg.execute(
         NOTIFY,
         {"channels": [c for c, _ in messages], "payloads": [p for _, p in messages]},
-        prepare=True,
+        prepare=_prepared(pg),
     )
 
 
 async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:
     pg = await driver(conn)
-    cur = await pg.execute(SET_TASK_STATUS, _bound(params, frozenset()), prepare=True)
+    cur = await pg.execute(SET_TASK_STATUS, _bound(params, frozenset()), prepare=_prepared(pg))
     return cur.rowcount == 1
 
 
@@ -238,13 +238,13 @@ async def mark_tasks_running(
 ) -> list[str]:
     pg = await driver(conn)
     params = {"task_ids": list(task_ids), "now": now, "pending": pending, "running": running}
-    cur = await pg.execute(MARK_TASKS_RUNNING, params, prepare=True)
+    cur = await pg.execute(MARK_TASKS_RUNNING, params, prepare=_prepared(pg))
     return [task_id for (task_id,) in await cur.fetchall()]
 
 
 async def touch_session(conn: Connection, params: Mapping[str, Any]) -> bool:
     pg = await driver(conn)
-    cur = await pg.execute(TOUCH_SESSION, params, prepare=True)
+    cur = await pg.execute(TOUCH_SESSION, params, prepare=_prepared(pg))
     return cur.rowcount > 0
 
 
@@ -253,20 +253,27 @@ async def change_steps(
 ) -> dict[int, int]:
     """Run `change_steps_sql(fields)` over a JSON array of rows; {step key: attempt} moved."""
     pg = await driver(conn)
-    cur = await pg.execute(change_steps_sql(fields), {"rows": rows, "now": now}, prepare=True)
+    cur = await pg.execute(
+        change_steps_sql(fields), {"rows": rows, "now": now}, prepare=_prepared(pg)
+    )
     return {key: attempt for key, attempt in await cur.fetchall()}
 
 
 async def catalog_revision(conn: Connection) -> AsyncCursor[Any]:
     """Send the catalogue-revision read; its row is there once the pipeline is answered."""
     pg = await driver(conn)
-    return await pg.execute(CATALOG_REVISION, prepare=True)
+    return await pg.execute(CATALOG_REVISION, prepare=_prepared(pg))
 
 
 async def claim_idempotency_key(conn: Connection, row: Mapping[str, Any]) -> AsyncCursor[Any]:
     """Send the key's insert; once answered, a row back means this transaction holds the key."""
     pg = await driver(conn)
-    return await pg.execute(CLAIM_IDEMPOTENCY_KEY, row, prepare=True)
+    return await pg.execute(CLAIM_IDEMPOTENCY_KEY, row, prepare=_prepared(pg))
+
+
+def _prepared(pg: AsyncConnection[Any]) -> bool | None:
+    """Prepare at once, unless the connection prepares nothing (`Database(prepare=False)`)."""
+    return None if pg.prepare_threshold is None else True
 
 
 def _utc(row: dict[str, Any]) -> dict[str, Any]:
@@ -281,7 +288,7 @@ async def claim_ready(conn: Connection, params: Mapping[str, Any]) -> list[dict[
     """Run CLAIM_READY; the leased rows (every `steps` column, and `queued_at`)."""
     pg = await driver(conn)
     async with pg.cursor(row_factory=dict_row) as cur:
-        await cur.execute(CLAIM_READY, params, prepare=True)
+        await cur.execute(CLAIM_READY, params, prepare=_prepared(pg))
         return [_utc(row) for row in await cur.fetchall()]
 
 
@@ -317,14 +324,14 @@ async def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[di
     """A prepared read's rows as dicts, timestamps in UTC."""
     pg = await driver(conn)
     async with pg.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, params, prepare=True)
+        await cur.execute(sql, params, prepare=_prepared(pg))
         return [_utc(row) for row in await cur.fetchall()]
 
 
 async def tuples(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """A prepared read's rows as tuples (no timestamp among them is converted)."""
     pg = await driver(conn)
-    cur = await pg.execute(sql, params, prepare=True)
+    cur = await pg.execute(sql, params, prepare=_prepared(pg))
     return await cur.fetchall()
 
 
@@ -354,8 +361,8 @@ async def advance_reads(
     ):
         async with pg.pipeline():
             if with_tasks:
-                await tasks.execute(TASKS_BY_ID, params, prepare=True)
-            await steps.execute(ADVANCEABLE_STEPS, params, prepare=True)
-            await counts.execute(STATUS_COUNTS, params, prepare=True)
+                await tasks.execute(TASKS_BY_ID, params, prepare=_prepared(pg))
+            await steps.execute(ADVANCEABLE_STEPS, params, prepare=_prepared(pg))
+            await counts.execute(STATUS_COUNTS, params, prepare=_prepared(pg))
         found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
         return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
