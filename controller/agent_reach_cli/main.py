@@ -58,6 +58,11 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
         p.add_argument(
             "--migrate", action="store_true", default=None, help="apply migrations at start"
         )
+        p.add_argument(
+            "--workers",
+            type=int,
+            help=f"processes serving the same ports, to use N cores (Postgres; {env}WORKERS)",
+        )
 
 
 EXECUTOR_HELP = "run an executor that pulls steps over gRPC"

@@ -64,6 +64,7 @@ def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
         "migrate",
         "executor_auth",
         "executor_tokens",
+        "workers",
     )
     values.update(overrides)
     return ControllerSettings(**values)
@@ -74,8 +75,21 @@ def controller(args: argparse.Namespace) -> int:
 
     settings = _controller_settings(args)
     configure_logging(fmt=settings.log_format, level=settings.log_level)
+    if settings.workers > 1:
+        from agent_reach_cli.workers import supervise
+
+        return supervise(settings)
     configure_tracing("agent-reach-controller")
     return _run(lambda stop: serve(settings, stop=stop))
+
+
+def controller_worker(settings: Any) -> None:
+    """One process of `reach controller --workers N` (started by `workers.supervise`)."""
+    from agent_reach_controller.server import serve
+
+    configure_logging(fmt=settings.log_format, level=settings.log_level)
+    configure_tracing("agent-reach-controller")
+    _run(lambda stop: serve(settings, stop=stop))
 
 
 def executor(args: argparse.Namespace) -> int:

@@ -39,11 +39,13 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(address: str) -> socket.socket:
+def _bind(address: str, *, reuse_port: bool = False) -> socket.socket:
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # the workers of one controller: the kernel spreads connections among them
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     # Accepted sockets inherit this: without it a keep-alive client waits out its delayed ACK
     # (about 40 ms) on every response that is written in more than one piece.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -59,7 +61,7 @@ async def running_controller(
 ) -> AsyncIterator[tuple[Components, Bound]]:
     """Start everything; on exit, stop taking requests and shut down within a grace period."""
     components = await open_components(settings)
-    http_sock = _bind(settings.http)
+    http_sock = _bind(settings.http, reuse_port=settings.reuse_port)
     host, http_port = http_sock.getsockname()[:2]
     grpc_host, _ = split_address(settings.grpc)
     service = ExecutorService(
@@ -82,7 +84,9 @@ async def running_controller(
         if settings.tls_cert is not None and settings.tls_key is not None
         else None
     )
-    grpc_server, grpc_port, health = build_server(service, settings.grpc, credentials=credentials)
+    grpc_server, grpc_port, health = build_server(
+        service, settings.grpc, credentials=credentials, reuse_port=settings.reuse_port
+    )
     await grpc_server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set("agent_reach.v1.ExecutorService", health_pb2.HealthCheckResponse.SERVING)

@@ -105,6 +105,17 @@ class ControllerSettings(BaseSettings):
         None, ge=1, description="Refuse submits (429) from a caller with this many unfinished tasks"
     )
     db_pool_size: int = Field(10, ge=1)
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes serving REST and gRPC on the same ports (Postgres only)",
+    )
+    reuse_port: bool = Field(
+        False,
+        description="Bind with SO_REUSEPORT, so that sibling processes share the ports "
+        "(set for each process of --workers)",
+    )
     db_prepare: bool = Field(
         True,
         description="Prepare the hot path's statements on each Postgres connection; turn off "

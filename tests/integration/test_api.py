@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,7 @@ async def test_tools_catalogue_formats_and_health(sqlite_url: str, tmp_path: Pat
         assert all(t["type"] == "function" for t in openai)
         anthropic = (await client.get("/v1/tools", params={"format": "anthropic"})).json()
         assert {"name", "description", "input_schema"} <= set(anthropic[0])
-        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await client.get("/healthz")).json() == {"status": "ok", "process": os.getpid()}
         assert (await client.get("/readyz")).status_code == 200
         assert (await client.get("/openapi.json")).status_code == 200
 

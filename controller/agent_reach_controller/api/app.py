@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from http import HTTPStatus
 from typing import Annotated
 
@@ -52,8 +53,9 @@ meta = APIRouter(tags=["meta"])
 
 
 @meta.get("/healthz", summary="Liveness: the process is up")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz() -> dict[str, str | int]:
+    """`process` tells apart the workers of one controller (`--workers`)."""
+    return {"status": "ok", "process": os.getpid()}
 
 
 @meta.get("/readyz", summary="Readiness: storage answers", responses=problem_responses(503))

@@ -344,10 +344,15 @@ def _bearer(context: Any) -> str | None:
 
 
 def build_server(
-    service: ExecutorService, address: str, *, credentials: grpc.ServerCredentials | None = None
+    service: ExecutorService,
+    address: str,
+    *,
+    credentials: grpc.ServerCredentials | None = None,
+    reuse_port: bool = False,
 ) -> tuple[Any, int, Any]:
     """A grpc.aio server with the executor service, health checking and reflection; over TLS
-    with `credentials`.
+    with `credentials`. gRPC would set SO_REUSEPORT by itself, letting a second controller
+    bind the same port by mistake: only the workers of one controller (`reuse_port`) share it.
 
     Returns (server, bound port, health servicer).
     """
@@ -357,6 +362,7 @@ def build_server(
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     pb_grpc.add_ExecutorServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]

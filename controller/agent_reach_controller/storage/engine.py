@@ -110,6 +110,11 @@ def libpq_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def is_postgres(url: str) -> bool:
+    """Whether a database URL names Postgres (whatever driver it spells)."""
+    return make_url(url).get_backend_name() == "postgresql"
+
+
 def sqlite_file(url: str) -> str | None:
     """The file a `sqlite:///` URL names (None for other backends and in-memory databases)."""
     parsed = make_url(url)
