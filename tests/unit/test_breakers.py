@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from agent_reach_controller.decide.breakers import admission, closed, record
+from agent_reach_controller.decide.breakers import admission, closed, probes_now, record
 from agent_reach_controller.storage.records import BreakerState
 from agent_reach_controller.tools.catalog import BreakerPolicy
 
@@ -41,3 +41,14 @@ def test_half_open_closes_on_success_and_reopens_on_failure() -> None:
     assert again.opened_at == T0 + timedelta(seconds=40)
     opened = record(closed("t", T0), POLICY, successes=0, failures=4, now=T0)
     assert record(opened, POLICY, successes=5, failures=0, now=T0) == opened  # late answers
+
+
+def test_a_step_leased_before_the_cooldown_ends_is_no_probe() -> None:
+    # A claim that read the breaker closed leases a step just after another replica opened it
+    # (CI saw the breaker re-opened 48 ms after opening, with no probe sent): that lease must
+    # not make it half-open, or the in-flight call's failure re-opens it early.
+    opened = record(closed("t", T0), POLICY, successes=0, failures=4, now=T0)
+    assert opened.state is BreakerState.OPEN
+    assert not probes_now(opened, POLICY, T0 + timedelta(milliseconds=48))
+    assert probes_now(opened, POLICY, T0 + timedelta(seconds=30))
+    assert not probes_now(closed("t", T0), POLICY, T0 + timedelta(seconds=30))

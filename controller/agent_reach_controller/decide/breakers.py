@@ -40,6 +40,13 @@ def _open(breaker: Breaker, now: datetime) -> Breaker:
     return replace(breaker, state=BreakerState.OPEN, opened_at=now, calls=0, failures=0)
 
 
+def probes_now(breaker: Breaker, policy: BreakerPolicy, now: datetime) -> bool:
+    """Whether a step of the tool leased at `now` is a probe: the breaker is open and its
+    cooldown is over. A step leased under an older read that still saw the breaker closed is
+    no probe (its answer, like any to a call made before the breaker opened, moves nothing)."""
+    return breaker.state is BreakerState.OPEN and admission(breaker, policy, now) != 0
+
+
 def admission(breaker: Breaker | None, policy: BreakerPolicy, now: datetime) -> int | None:
     """How many of the tool's steps may run at once: None no limit, 0 none (open), else probes."""
     if breaker is None or breaker.state is BreakerState.CLOSED:

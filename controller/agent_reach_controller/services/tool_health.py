@@ -46,15 +46,21 @@ class ToolHealth:
         return caps
 
     async def start_probes(self, conn: Connection, tools: set[str], now: datetime) -> None:
-        """An open breaker whose tool just got a step leased is half-open: that step probes."""
-        guarded = [t for t in tools if (spec := self._registry.catalog.get(t)) and spec.breaker]
-        if not guarded:
+        """An open breaker past its cooldown whose tool just got a step leased is half-open:
+        that step probes. (A claim that read the breaker closed may lease a step just after
+        another replica opened it: that step must not cut the cooldown short.)"""
+        policies = {
+            t: spec.breaker
+            for t in tools
+            if (spec := self._registry.catalog.get(t)) and spec.breaker is not None
+        }
+        if not policies:
             return
-        states = await flow.load_breakers(conn, guarded)
+        states = await flow.load_breakers(conn, list(policies))
         probing = [
             replace(b, state=BreakerState.HALF_OPEN)
             for b in states.values()
-            if b.state is BreakerState.OPEN
+            if breakers.probes_now(b, policies[b.tool], now)
         ]
         await flow.save_breakers(conn, probing, now=now)
 
@@ -150,10 +156,16 @@ class ToolHealth:
         }
 
     async def pauses(
-        self, conn: Connection, connectors: Sequence[str], now: datetime
+        self,
+        conn: Connection,
+        connectors: Sequence[str],
+        now: datetime,
+        *,
+        active: dict[str, datetime] | None = None,
     ) -> dict[str, datetime]:
-        """Tools of these connectors that their downstream asked to hold back, and until when."""
-        pauses = await flow.active_pauses(conn, now=now)
+        """Tools of these connectors that their downstream asked to hold back, and until when
+        (of `active`, every pause in force, if the caller has just read them)."""
+        pauses = await flow.active_pauses(conn, now=now) if active is None else active
         catalog = self._registry.catalog
         return {
             tool: until
