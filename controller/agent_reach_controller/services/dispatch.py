@@ -292,7 +292,9 @@ class DispatchService:
         if limit <= 0 or not connectors:
             return [], None
         async with self._db.transaction() as conn:
-            await self._registry.refresh(conn)  # a tool disabled a moment ago is refused now
+            # A tool disabled or paused a moment ago is refused now: both read in one go.
+            revision, active = await flow.revision_and_pauses(conn, now=datetime.now(UTC))
+            await self._registry.refresh(conn, revision=revision)
             claim = self._claim_input(
                 executor_id=executor_id,
                 connectors=connectors,
@@ -301,7 +303,7 @@ class DispatchService:
                 poll_seq=poll_seq,
             )
             now = claim.now
-            rules = await self._governance(conn, connectors, now)
+            rules = await self._governance(conn, connectors, now, pauses=active)
             if rules.active:
                 claimed = await self._claim_governed(conn, claim, rules)
             else:
@@ -356,12 +358,18 @@ class DispatchService:
         return [s for s in claimed if s.id not in refused]
 
     async def _governance(
-        self, conn: Connection, connectors: Sequence[str], now: datetime
+        self,
+        conn: Connection,
+        connectors: Sequence[str],
+        now: datetime,
+        *,
+        pauses: dict[str, datetime] | None = None,
     ) -> Governance:
-        """What limits the next lease of these connectors' tools."""
+        """What limits the next lease of these connectors' tools (`pauses`: every pause in
+        force, if just read)."""
         tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
         return Governance(
-            pauses=await self.tool_health.pauses(conn, connectors, now),
+            pauses=await self.tool_health.pauses(conn, connectors, now, active=pauses),
             caps=await self.tool_health.caps(conn, connectors, now),
             per_key={t.name: t.concurrency_per_key.limit for t in tools if t.concurrency_per_key},
             rates={t.name: Rate.of(t.rate_limit) for t in tools if t.rate_limit is not None},

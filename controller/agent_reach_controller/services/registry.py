@@ -118,13 +118,15 @@ class ToolRegistry:
 
     # --- reading ------------------------------------------------------------------------------
 
-    async def refresh(self, conn: Connection | None = None) -> None:
-        """Reload the live catalogue if another change committed since the last look."""
+    async def refresh(self, conn: Connection | None = None, *, revision: int | None = None) -> None:
+        """Reload the live catalogue if another change committed since the last look (or if
+        `revision`, just read in this transaction, is not the one installed)."""
         if conn is None:
             async with self._db.transaction() as fresh:
                 await self.refresh(fresh)
             return
-        revision = await catalog.revision(conn)
+        if revision is None:
+            revision = await catalog.revision(conn)
         if revision != self.revision:
             self._install(await catalog.load_heads(conn), revision)
 

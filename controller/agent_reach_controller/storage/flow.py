@@ -11,7 +11,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from agent_reach_controller.storage import hot
+from agent_reach_controller.storage import catalog, hot
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.storage.records import Breaker, BreakerState
 from agent_reach_controller.storage.schema import breakers, rate_buckets, tool_pauses
@@ -125,6 +125,17 @@ async def save_buckets(conn: Connection, tats: Mapping[str, float]) -> None:
         .values(tat=sa.bindparam("tat")),
         [{"b": bucket, "tat": tat} for bucket, tat in tats.items()],
     )
+
+
+async def revision_and_pauses(
+    conn: Connection, *, now: datetime
+) -> tuple[int, dict[str, datetime]]:
+    """The catalogue's revision and `active_pauses`, in one round trip on Postgres."""
+    if conn.dialect.name != "postgresql":
+        return await catalog.revision(conn), await active_pauses(conn, now=now)
+    found = await hot.rows(conn, hot.REVISION_AND_PAUSES, {"now": now})
+    pauses = {r["tool"]: r["until"] for r in found if r["tool"] is not None}
+    return int(found[0]["revision"]), pauses
 
 
 async def active_pauses(conn: Connection, *, now: datetime) -> dict[str, datetime]:

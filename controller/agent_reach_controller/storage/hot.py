@@ -318,6 +318,12 @@ WHERE task_id IN (SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[]))
 ORDER BY task_id FOR UPDATE
 """
 ACTIVE_PAUSES = "SELECT tool, until FROM tool_pauses WHERE until > %(now)s"
+# What a claim checks first, in one read: the catalogue's revision and the tools held back now
+# (one row with NULLs when none is).
+REVISION_AND_PAUSES = """
+SELECT (SELECT revision FROM catalog_state WHERE id = 1) AS revision, p.tool, p.until
+FROM (SELECT 1) AS one LEFT JOIN tool_pauses AS p ON p.until > %(now)s
+"""
 
 
 async def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
