@@ -48,11 +48,11 @@ def _reserve(address: str) -> tuple[socket.socket, str]:
 
 
 def _ready(path: Path) -> dict[str, Any] | None:
+    """A worker's ready file, once it is there and whole (it may be read mid-write)."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
         return None
-    found: dict[str, Any] | None = json.loads(text) if text else None
     return found
 
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition, sources, target
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.records import StepRow
-from agent_reach_controller.storage.schema import UtcDateTime, executor_sessions, steps
+from agent_reach_controller.storage.schema import executor_sessions, steps
 from agent_reach_controller.storage.steps import NewEvent, append_events
 
 
@@ -65,43 +65,18 @@ class ClaimInput:
         return {"executor_id": self.executor, "session": self.executor_id}
 
 
-# Fair order on Postgres in one statement. `owners` walks the distinct tenants with queued
-# steps through the fair index (a loose index scan: one probe per tenant, however long their
-# queues); each then gives its first `limit` due steps (LATERAL, same index); the outer query
-# deals them out: priority first, then one step per tenant in turn, oldest first.
-_FAIR_ORDER = sa.text(
-    """
-WITH RECURSIVE owners(p) AS (
-    (SELECT tenant FROM steps WHERE status = 'ready' ORDER BY tenant LIMIT 1)
-    UNION ALL
-    SELECT (SELECT tenant FROM steps
-            WHERE status = 'ready' AND tenant > owners.p ORDER BY tenant LIMIT 1)
-    FROM owners WHERE owners.p IS NOT NULL
-)
-SELECT q.id FROM (
-    SELECT s.id, s.priority,
-           row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
-    FROM owners o, LATERAL (
-        SELECT id, priority FROM steps
-        WHERE status = 'ready' AND tenant = o.p
-          AND (CAST(:tenant AS text) IS NULL OR tenant = CAST(:tenant AS text))
-          AND connector = ANY(:connectors) AND tool <> ALL(:skip)
-          AND tool || ':' || coalesce(concurrency_key, '') <> ALL(:skip_keys)
-          AND (not_before IS NULL OR not_before <= :now)
-        ORDER BY priority DESC, id
-        LIMIT :limit
-    ) s
-    WHERE o.p IS NOT NULL
-) q
-ORDER BY q.priority DESC, q.turn, q.id
-LIMIT :limit
-"""
-).bindparams(
-    sa.bindparam("connectors", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("skip", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("skip_keys", type_=postgresql.ARRAY(sa.String())),
-    sa.bindparam("now", type_=UtcDateTime()),
-)
+def _fair_params(
+    claim: ClaimInput, *, skip_tools: Sequence[str], skip_keys: Sequence[str]
+) -> dict[str, Any]:
+    """The parameters of `hot.FAIR_ORDER` (and of the fair part of `hot.CLAIM_READY`)."""
+    return {
+        "connectors": list(claim.connectors),
+        "skip": list(skip_tools),
+        "skip_keys": list(skip_keys),
+        "tenant": claim.tenant,
+        "now": claim.now,
+        "limit": claim.limit,
+    }
 
 
 def held_key(tool: str, key: str | None) -> str:
@@ -123,18 +98,8 @@ async def fair_order(
     """
     skip_tools = [*skip_tools, *claim.exclude_tools]
     if conn.dialect.name == "postgresql":
-        rows = await conn.execute(
-            _FAIR_ORDER,
-            {
-                "connectors": list(claim.connectors),
-                "skip": list(skip_tools),
-                "skip_keys": list(skip_keys),
-                "tenant": claim.tenant,
-                "now": claim.now,
-                "limit": claim.limit,
-            },
-        )
-        return [key for (key,) in rows.all()]
+        params = _fair_params(claim, skip_tools=skip_tools, skip_keys=skip_keys)
+        return [key for (key,) in await hot.tuples(conn, hot.FAIR_ORDER, params)]
     turn = sa.func.row_number().over(
         partition_by=steps.c.tenant, order_by=(steps.c.priority.desc(), steps.c.id)
     )
@@ -177,11 +142,7 @@ async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]
         rows = await hot.claim_ready(
             conn,
             {
-                "connectors": list(claim.connectors),
-                "skip": list(claim.exclude_tools),
-                "tenant": claim.tenant,
-                "now": claim.now,
-                "limit": claim.limit,
+                **_fair_params(claim, skip_tools=claim.exclude_tools, skip_keys=()),
                 "owner": claim.executor_id,
                 "lease_expires_at": claim.lease_expires_at,
                 "lease_seq": claim.lease_seq,

@@ -56,20 +56,18 @@ ON CONFLICT (principal, key) DO NOTHING
 RETURNING task_id
 """
 
-# The ungoverned claim in one statement: fair order (as `claims._FAIR_ORDER`: tenants walked by
-# a loose index scan, each giving its first `limit` due steps, dealt out by priority then in
-# turn), the rows still queued locked (rows another claimer holds are skipped; MATERIALIZED, or
-# the planner may evaluate the locking subquery twice and lease rows it did not lock), and the
-# lease, taken only while the holder's session lives. Each row comes back with `queued_at`, the
-# `updated_at` it had before the lease.
-CLAIM_READY = """
-WITH RECURSIVE owners(p) AS (
+# Fair order: `owners` walks the distinct tenants with queued steps through the fair index (a
+# loose index scan: one probe per tenant, however long their queues); each then gives its first
+# `limit` due steps (LATERAL, same index); the outer query deals them out: priority first, then
+# one step per tenant in turn, oldest first.
+_OWNERS = """
     (SELECT tenant FROM steps WHERE status = 'ready' ORDER BY tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT tenant FROM steps
             WHERE status = 'ready' AND tenant > owners.p ORDER BY tenant LIMIT 1)
     FROM owners WHERE owners.p IS NOT NULL
-), fair AS (
+"""
+_FAIR = """
     SELECT q.id FROM (
         SELECT s.id, s.priority,
                row_number() OVER (PARTITION BY o.p ORDER BY s.priority DESC, s.id) AS turn
@@ -78,6 +76,7 @@ WITH RECURSIVE owners(p) AS (
             WHERE status = 'ready' AND tenant = o.p
               AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
               AND connector = ANY(%(connectors)s::text[]) AND tool <> ALL(%(skip)s::text[])
+              AND tool || ':' || coalesce(concurrency_key, '') <> ALL(%(skip_keys)s::text[])
               AND (not_before IS NULL OR not_before <= %(now)s)
             ORDER BY priority DESC, id
             LIMIT %(limit)s
@@ -86,7 +85,15 @@ WITH RECURSIVE owners(p) AS (
     ) q
     ORDER BY q.priority DESC, q.turn, q.id
     LIMIT %(limit)s
-), picked AS MATERIALIZED (
+"""
+FAIR_ORDER = f"WITH RECURSIVE owners(p) AS ({_OWNERS}){_FAIR}"
+
+# The ungoverned claim in one statement: the fair order, the rows still queued locked (rows
+# another claimer holds are skipped; MATERIALIZED, or the planner may evaluate the locking
+# subquery twice and lease rows it did not lock), and the lease, taken only while the holder's
+# session lives. Each row comes back with `queued_at`, the `updated_at` it had before the lease.
+CLAIM_READY = f"""
+WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZED (
     SELECT id AS step_key, updated_at AS queued_at FROM steps
     WHERE id IN (SELECT id FROM fair) AND status = 'ready'
     FOR UPDATE SKIP LOCKED
