@@ -47,6 +47,7 @@ class WorkerStats:
     results_rejected: int
     results_pending: int
     in_flight: int
+    polls_sent: int
 
 
 @dataclass(slots=True)
@@ -131,6 +132,7 @@ class Worker:
             results_rejected=self._counts["rejected"],
             results_pending=len(self._pending),
             in_flight=len(self._running),
+            polls_sent=self._poll_seq,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
