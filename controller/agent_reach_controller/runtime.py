@@ -17,18 +17,26 @@ from agent_reach_controller.identity.pools import PoolTokenService, WatchedToken
 from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import sweeps
-from agent_reach_controller.services.dispatch import DispatchService, Guards, LeaseTimings
+from agent_reach_controller.services.admission import AdmissionService
+from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.feed import EventFeed
+from agent_reach_controller.services.intake import IntakeService
+from agent_reach_controller.services.leases import LeaseKeeper
+from agent_reach_controller.services.leasing import Guards, LeaseTimings, LeasingService
 from agent_reach_controller.services.limiter import (
     MemoryLimiter,
     RateLimiter,
     RedisLimiter,
     SqlLimiter,
 )
+from agent_reach_controller.services.operator import OperatorService
+from agent_reach_controller.services.queries import TaskQueries
 from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.reporting import ReportingService
 from agent_reach_controller.services.sessions import SessionService
 from agent_reach_controller.services.sweeps import Supervision, Sweep
-from agent_reach_controller.services.tasks import TaskService
+from agent_reach_controller.services.tool_health import ToolHealth
+from agent_reach_controller.services.unit_of_work import UnitOfWork
 from agent_reach_controller.services.webhooks import ApprovalWebhook, WebhookTarget
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage import migrate
@@ -50,8 +58,18 @@ class Components:
     db: Database
     registry: ToolRegistry
     notifier: Notifier
-    tasks: TaskService
-    dispatch: DispatchService
+    metrics: ControllerMetrics  # what `/metrics` serves
+    work: UnitOfWork
+    # The use cases, one service per job.
+    intake: IntakeService
+    queries: TaskQueries
+    operator: OperatorService
+    admission: AdmissionService
+    leasing: LeasingService
+    reporting: ReportingService
+    expiry: ExpiryService
+    leases: LeaseKeeper  # heartbeats and the end of executor sessions
+    tool_health: ToolHealth  # breakers and downstream pauses
     limiter: RateLimiter
     keys: KeyService
     pools: PoolTokenService  # executor pool tokens
@@ -59,11 +77,6 @@ class Components:
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
     webhook: ApprovalWebhook | None = None
-
-    @property
-    def metrics(self) -> ControllerMetrics:
-        """What `/metrics` serves (the dispatch service's registry)."""
-        return self.dispatch.metrics
 
     @property
     def catalog(self) -> ToolCatalog:
@@ -122,10 +135,12 @@ async def open_components(settings: ControllerSettings) -> Components:
     db.observe_commits(notifier.announce_events)
     await notifier.start()
     webhook = _webhook(settings, db)
-    tasks = TaskService(
+    metrics = ControllerMetrics()
+    work = UnitOfWork(
         db=db,
         registry=registry,
         notifier=notifier,
+        metrics=metrics,
         approval_ttl=timedelta(seconds=settings.approval_timeout_seconds),
         announcer=webhook,
     )
@@ -134,30 +149,44 @@ async def open_components(settings: ControllerSettings) -> Components:
     pools = PoolTokenService(db, file=WatchedTokenFile(settings.executor_tokens))
     sessions = SessionService(db, liveness=timedelta(seconds=settings.lease_seconds))
     policy = load_policy(settings.policy)
-    dispatch = DispatchService(
+    operator = OperatorService(work=work)
+    expiry = ExpiryService(work=work, operator=operator)
+    tool_health = ToolHealth(db=db, registry=registry, metrics=metrics)
+    leases = LeaseKeeper(
         db=db,
-        registry=registry,
-        tasks=tasks,
-        notifier=notifier,
+        sessions=sessions,
+        lease_seconds=settings.lease_seconds,
+        metrics=metrics,
+        settle=work.settle,
+    )
+    leasing = LeasingService(
+        work=work,
         timings=LeaseTimings(
             lease=timedelta(seconds=settings.lease_seconds),
             max_poll_wait=settings.max_poll_wait_seconds,
         ),
-        guards=Guards(
-            limiter=limiter,
-            grants=Grants(keys, policy),
-            tenant_caps=policy.caps_for,
-            metrics=ControllerMetrics(),
-            sessions=sessions,
-        ),
+        guards=Guards(limiter=limiter, grants=Grants(keys, policy), tenant_caps=policy.caps_for),
+        leases=leases,
+        tool_health=tool_health,
     )
     return Components(
         settings=settings,
         db=db,
         registry=registry,
         notifier=notifier,
-        tasks=tasks,
-        dispatch=dispatch,
+        metrics=metrics,
+        work=work,
+        intake=IntakeService(work=work),
+        queries=TaskQueries(db=db, notifier=notifier),
+        operator=operator,
+        admission=AdmissionService(db=db, registry=registry, metrics=metrics),
+        leasing=leasing,
+        reporting=ReportingService(
+            work=work, sessions=sessions, tool_health=tool_health, expiry=expiry
+        ),
+        expiry=expiry,
+        leases=leases,
+        tool_health=tool_health,
         limiter=limiter,
         keys=keys,
         pools=pools,
@@ -170,7 +199,7 @@ async def open_components(settings: ControllerSettings) -> Components:
 
 def sweeps_of(components: Components) -> list[Sweep]:
     """Every background duty of a replica, each its own supervised loop."""
-    settings, dispatch = components.settings, components.dispatch
+    settings, expiry = components.settings, components.expiry
     every = min(settings.reap_interval_seconds, settings.lease_seconds / 4)
 
     async def prune_sessions() -> None:
@@ -180,13 +209,13 @@ def sweeps_of(components: Components) -> list[Sweep]:
         await audit.seal(components.db, limit=10_000)
 
     duties: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-        ("executor_sessions", dispatch.leases.reap_sessions),
-        ("expired_leases", dispatch.reap_expired),
-        ("schedule_to_start", dispatch.expire_unstarted),
-        ("breaker_fail_fast", dispatch.fail_fast_open),
-        ("approval_expiry", dispatch.expire_approvals),
-        ("task_deadlines", components.tasks.expire_deadlines),
-        ("queue_depth", dispatch.refresh_queue_depth),
+        ("executor_sessions", components.leases.reap_sessions),
+        ("expired_leases", expiry.reap_expired),
+        ("schedule_to_start", expiry.expire_unstarted),
+        ("breaker_fail_fast", expiry.fail_fast_open),
+        ("approval_expiry", expiry.expire_approvals),
+        ("task_deadlines", expiry.expire_deadlines),
+        ("queue_depth", components.admission.refresh_queue_depth),
         ("breaker_gauge", lambda: _observe_breakers(components)),
         ("audit_seal", seal_audit),
     ]
@@ -198,9 +227,7 @@ def sweeps_of(components: Components) -> list[Sweep]:
 async def _observe_breakers(components: Components) -> None:
     """Set the breaker gauge (one read of the guarded tools' rows; none without breakers)."""
     guarded = any(tool.breaker is not None for tool in components.catalog.values())
-    components.metrics.breakers(
-        await components.dispatch.tool_health.breaker_states() if guarded else {}
-    )
+    components.metrics.breakers(await components.tool_health.breaker_states() if guarded else {})
 
 
 @contextlib.asynccontextmanager
@@ -208,7 +235,7 @@ async def background(components: Components) -> AsyncIterator[None]:
     """Run the sweeps (and the webhook sender, if configured) for the life of the block."""
     supervision = Supervision(
         failed=components.metrics.sweep_failed,
-        storage_down=components.dispatch.leases.storage_down,
+        storage_down=components.leases.storage_down,
     )
     running = sweeps.start(sweeps_of(components), supervision)
     if components.webhook is not None:

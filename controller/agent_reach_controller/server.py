@@ -65,9 +65,7 @@ async def running_controller(
     host, http_port = http_sock.getsockname()[:2]
     grpc_host, _ = split_address(settings.grpc)
     service = ExecutorService(
-        dispatch=components.dispatch,
-        registry=components.registry,
-        pools=components.pools,
+        parts=components,
         auth=settings.executor_auth,
         peer_pool=tls.peer_pool if settings.grpc_client_ca is not None else None,
     )

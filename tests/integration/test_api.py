@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.dispatch import QueueFullError
+from agent_reach_controller.services.admission import QueueFullError
 from tests.integration.stack import api_client, components_for, ok, write_tools
 
 PLAN = {
@@ -44,10 +44,10 @@ async def api(
 async def work_off(c: Components, *, rounds: int = 10) -> None:
     """Act as an executor: succeed every ready step, echoing its arguments."""
     for _ in range(rounds):
-        claimed = await c.dispatch.poll(executor_id="t", connectors=["echo"], limit=10, wait=2)
+        claimed = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=2)
         if not claimed:
             return
-        await c.dispatch.report(executor_id="t", results=[ok(s, s.resolved_args) for s in claimed])
+        await c.reporting.report(executor_id="t", results=[ok(s, s.resolved_args) for s in claimed])
 
 
 async def test_submit_then_get_and_events(sqlite_url: str, tmp_path: Path) -> None:
@@ -252,14 +252,14 @@ async def test_submits_beyond_the_queue_limit_get_429(sqlite_url: str, tmp_path:
             assert (
                 await client.post("/v1/tasks", json={"steps": [PLAN["steps"][0]]})
             ).status_code == 202
-        assert await c.dispatch.refresh_queue_depth() == 2
+        assert await c.admission.refresh_queue_depth() == 2
         refused = await client.post("/v1/tasks", json=PLAN)  # 2 queued + 2 more > 3
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "5"
         assert refused.json()["code"] == "overloaded"
         assert len((await client.get("/v1/tasks")).json()["tasks"]) == 2  # nothing stored
         await work_off(c)
-        assert await c.dispatch.refresh_queue_depth() == 0
+        assert await c.admission.refresh_queue_depth() == 0
         assert (await client.post("/v1/tasks", json=PLAN)).status_code == 202  # recovered
 
 
@@ -295,14 +295,14 @@ async def test_the_queue_limit_holds_between_refreshes(sqlite_url: str, tmp_path
     async with api(sqlite_url, tmp_path, max_queued_steps=100) as (client, c):
         answers = [(await client.post("/v1/tasks", json=twenty)).status_code for _ in range(10)]
         assert answers == [202] * 5 + [429] * 5
-        assert await c.dispatch.refresh_queue_depth() == 100
+        assert await c.admission.refresh_queue_depth() == 100
         # An idempotent replay adds nothing, so it reserves nothing either.
         await work_off(c, rounds=20)
-        await c.dispatch.refresh_queue_depth()
+        await c.admission.refresh_queue_depth()
         keyed = {"Idempotency-Key": "once"}
         for _ in range(3):
             assert (await client.post("/v1/tasks", json=twenty, headers=keyed)).status_code == 202
-        assert c.dispatch.queue_depth == 20
+        assert c.admission.queue_depth == 20
 
 
 async def test_a_refresh_counts_submits_still_in_their_transaction(
@@ -310,13 +310,13 @@ async def test_a_refresh_counts_submits_still_in_their_transaction(
 ) -> None:
     """The count a refresh reads cannot see an uncommitted submit; it must not forget it."""
     async with components_for(sqlite_url, write_tools(tmp_path)) as c:
-        with c.dispatch.admit(20, limit=30) as admitted:  # admitted, not committed yet
-            assert await c.dispatch.refresh_queue_depth() == 20
-            with pytest.raises(QueueFullError), c.dispatch.admit(20, limit=30):
+        with c.admission.admit(20, limit=30) as admitted:  # admitted, not committed yet
+            assert await c.admission.refresh_queue_depth() == 20
+            with pytest.raises(QueueFullError), c.admission.admit(20, limit=30):
                 pass
             admitted.keep = False
-        assert c.dispatch.queue_depth == 0
-        assert await c.dispatch.refresh_queue_depth() == 0
+        assert c.admission.queue_depth == 0
+        assert await c.admission.refresh_queue_depth() == 0
 
 
 async def test_the_queue_limit_holds_while_refreshes_race_submits(
@@ -328,7 +328,7 @@ async def test_the_queue_limit_holds_while_refreshes_race_submits(
 
         async def refresh_all_along() -> None:
             while not done.is_set():
-                await c.dispatch.refresh_queue_depth()
+                await c.admission.refresh_queue_depth()
                 await asyncio.sleep(0)
 
         refresher = asyncio.create_task(refresh_all_along())
@@ -342,4 +342,4 @@ async def test_the_queue_limit_holds_while_refreshes_race_submits(
         accepted = sum(a.status_code == 202 for a in answers)
         assert {a.status_code for a in answers} == {202, 429}
         assert 1 <= accepted <= 5, accepted
-        assert await c.dispatch.refresh_queue_depth() == 20 * accepted <= 100
+        assert await c.admission.refresh_queue_depth() == 20 * accepted <= 100

@@ -69,7 +69,7 @@ async def test_a_request_is_signed_retried_until_2xx_and_can_be_acted_on(
                     Webhook("whsec_" + base64.b64encode(b"another key").decode()).verify(
                         second.body, second.headers
                     )
-                view = await c.tasks.get(task_id)
+                view = await c.queries.get(task_id)
                 pay = next(s for s in view.steps if s.step_id == "pay")
                 assert body | {"decide_by": None, "requested_at": None, "trace_id": None} == {
                     "type": "approval.requested",

@@ -44,7 +44,7 @@ async def setup(c: Components) -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 async def step(c: Components, task_id: str, step_id: str) -> Any:
-    view = await c.tasks.get(task_id)
+    view = await c.queries.get(task_id)
     return next(s for s in view.steps if s.step_id == step_id)
 
 
@@ -53,7 +53,7 @@ async def test_a_dangerous_step_waits_and_is_never_offered_until_approved(
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, PAY])) as c:
         task_id, agent, approver = await setup(c)
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.step_id for s in leased] == ["look"]  # pay waits for a person
         waiting = await step(c, task_id, "pay")
         assert waiting.status.value == "awaiting_approval"
@@ -74,7 +74,7 @@ async def test_a_dangerous_step_waits_and_is_never_offered_until_approved(
             assert approved.status_code == 200, approved.text
             again = await client.post(url, json={"decision": "approve"}, headers=approver)
             assert again.status_code == 409  # decided once
-        [pay] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        [pay] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert pay.step_id == "pay"
         assert pay.approval["by"] == "carol"
 
@@ -120,7 +120,7 @@ async def test_edited_arguments_are_checked_rehashed_and_both_versions_kept(
         }
         [pay] = [
             s
-            for s in await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+            for s in await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
             if s.step_id == "pay"
         ]
         assert pay.resolved_args == {"to": "acct-1", "cents": 300}
@@ -144,7 +144,7 @@ async def test_an_approval_cannot_be_spent_on_other_arguments(
                 .where(steps.c.id == pay.id)
                 .values(resolved_args={"to": "attacker", "cents": 500})
             )
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert "pay" not in [s.step_id for s in leased]
         ended = await step(c, task_id, "pay")
         assert (ended.status.value, ended.error["code"], ended.error["message"]) == (
@@ -161,7 +161,7 @@ async def test_an_approval_nobody_gives_expires_into_a_rejection(
     async with components_for(sqlite_url, tools, approval_timeout_seconds=0.2) as c:
         task_id, _, approver = await setup(c)
         deadline = time.monotonic() + 5
-        while not await c.dispatch.expire_approvals():
+        while not await c.expiry.expire_approvals():
             assert time.monotonic() < deadline, "the approval never expired"
             await asyncio.sleep(0.05)
         pay = await step(c, task_id, "pay")
@@ -194,10 +194,10 @@ async def test_a_write_step_is_held_for_its_undo_window_and_a_cancel_stops_it(
             first = (await client.post("/v1/tasks", json=body)).json()["task_id"]
             second = (await client.post("/v1/tasks", json=body)).json()["task_id"]
             # Queued but not yet due: nothing runs inside the window.
-            assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+            assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5) == []
             cancelled = (await client.post(f"/v1/tasks/{first}/cancel")).json()
         assert cancelled["steps"][0]["status"] == "cancelled"
         # The other one runs once its window has passed.
-        [leased] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=3)
+        [leased] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=3)
         assert leased.task_id == second
         assert (leased.started_at - leased.created_at).total_seconds() >= 2.0

@@ -180,13 +180,13 @@ async def unknown_outcome(
     """A task of the caller's tenant whose one step waits for a verdict (submitted by admin)."""
     body = {"steps": [{"step_id": "s", "tool": tool, "args": {}}]}
     task_id: str = (await client.post("/v1/tasks", json=body, headers=admin)).json()["task_id"]
-    leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+    leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
     [step] = [s for s in leased if s.task_id == task_id]
-    await c.dispatch.report(
+    await c.reporting.report(
         executor_id="x",
         results=[failed(step, "timeout", retryable=True, maybe_applied=True)],
     )
-    view = await c.tasks.get(task_id)
+    view = await c.queries.get(task_id)
     assert view.steps[0].status.value == "outcome_unknown", view.steps[0]
     return task_id
 
@@ -231,13 +231,13 @@ async def test_a_step_whose_key_was_revoked_after_submit_never_runs(
             }
             bot = {"Authorization": f"Bearer {token}"}
             task_id = (await admin.post("/v1/tasks", json=body, headers=bot)).json()["task_id"]
-            [first] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
-            await c.dispatch.report(executor_id="x", results=[ok(first, {})])
+            [first] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
+            await c.reporting.report(executor_id="x", results=[ok(first, {})])
             await admin.post(f"/v1/keys/{info.key_id}/revoke")
             # The next step is leased, checked, and ended instead of handed out.
-            assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+            assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5) == []
             assert (await admin.get(f"/v1/tasks/{task_id}", headers=bot)).status_code == 401
-        view = await c.tasks.get(task_id)
+        view = await c.queries.get(task_id)
         b = next(s for s in view.steps if s.step_id == "b")
         assert (b.status.value, b.error) == (
             "failed",
@@ -300,6 +300,6 @@ async def test_a_caller_at_its_in_flight_limit_gets_429_and_others_do_not(
             assert refused.json()["detail"].startswith("busy has 2 unfinished tasks")
             assert (await calm.post("/v1/tasks", json=body)).status_code == 202
             # One finishes: the busy caller may submit again.
-            [step, *_] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
-            await c.dispatch.report(executor_id="x", results=[ok(step, {})])
+            [step, *_] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
+            await c.reporting.report(executor_id="x", results=[ok(step, {})])
             assert (await busy.post("/v1/tasks", json=body)).status_code == 202

@@ -54,7 +54,7 @@ async def test_a_plan_not_sent_as_json_is_415_and_nothing_is_stored(
         headers = {"content-type": content_type} if content_type else {}
         response = await client.post("/v1/tasks", content=BODY, headers=headers)
         assert_unsupported(response, got)
-        assert await c.tasks.list_tasks(tenant="default") == []
+        assert await c.queries.list_tasks(tenant="default") == []
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ async def test_a_condition_naming_an_undeclared_name_is_refused_at_submit(
         [error] = problem["errors"]
         assert (error["pointer"], error["code"]) == ("/steps/1/when", "invalid_condition")
         assert phrase in error["detail"]
-        assert await c.tasks.list_tasks(tenant="default") == []
+        assert await c.queries.list_tasks(tenant="default") == []
 
 
 async def test_a_macro_variable_and_words_in_strings_are_no_undeclared_names(

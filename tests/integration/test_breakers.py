@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
 
 FLAKY = {
@@ -34,26 +34,26 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
     tools = write_tools(tmp_path, [*TOOLS, FLAKY])
     async with components_for(database_url, tools) as c:
         body = plan(6)
-        await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=2)
+        await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2)
         flaky = [s for s in first if s.tool == "flaky.call"]
         assert len(flaky) == 2
-        await c.dispatch.report(
+        await c.reporting.report(
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in flaky],
         )
-        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "open"
+        assert (await c.tool_health.breaker_states())["flaky.call"]["state"] == "open"
         # Open: the other tool still runs, the flaky one waits (deferred, not failed).
-        during = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        during = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.tool for s in during] == ["echo.say"]
         await asyncio.sleep(0.35)  # the cooldown itself is what is under test
-        [probe] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        [probe] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert probe.tool == "flaky.call"
-        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "half_open"
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
-        await c.dispatch.report(executor_id="x", results=[ok(probe, {})])
-        assert (await c.dispatch.tool_health.breaker_states())["flaky.call"]["state"] == "closed"
-        rest = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        assert (await c.tool_health.breaker_states())["flaky.call"]["state"] == "half_open"
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        await c.reporting.report(executor_id="x", results=[ok(probe, {})])
+        assert (await c.tool_health.breaker_states())["flaky.call"]["state"] == "closed"
+        rest = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert len([s for s in rest if s.tool == "flaky.call"]) == 6 - 2 - 1
 
 
@@ -90,17 +90,17 @@ async def test_an_open_fail_fast_breaker_ends_queued_steps_or_sends_them_to_the_
             for tool in ("fast", "routed")
         ]
         body = {"steps": steps}
-        done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=4)
+        done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=4)
         assert sorted(s.step_id for s in first) == ["fast-0", "fast-1", "routed-0", "routed-1"]
-        await c.dispatch.report(
+        await c.reporting.report(
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in first],
         )
-        shown = await c.dispatch.tool_health.breaker_states()
+        shown = await c.tool_health.breaker_states()
         assert shown["flaky.fast"]["state"] == shown["flaky.routed"]["state"] == "open"
         # The report that opened them already ended what was queued: nothing waits for 60 s.
-        view = await c.tasks.get(done.task_id)
+        view = await c.queries.get(done.task_id)
         assert view is not None
         by_id = {s.step_id: s for s in view.steps}
         fast = by_id["fast-2"]
@@ -117,4 +117,4 @@ async def test_an_open_fail_fast_breaker_ends_queued_steps_or_sends_them_to_the_
             "echo.say",
             "flaky.routed",
         )
-        assert await c.dispatch.fail_fast_open() == 0  # nothing left to end
+        assert await c.expiry.fail_fast_open() == 0  # nothing left to end

@@ -16,7 +16,7 @@ import yaml
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import cap_charges, cap_usage, steps
 from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
@@ -72,16 +72,16 @@ def sends(n: int, tool: str = "msg.send", *, prefix: str = "m") -> list[dict[str
 
 async def submit(c: Components, body: dict[str, Any], *, tenant: str = "default") -> str:
     plan = parse_plan(body, c.catalog)
-    done = await c.tasks.submit(SubmitInput(plan=plan, request=body, tenant=tenant))
+    done = await c.intake.submit(SubmitInput(plan=plan, request=body, tenant=tenant))
     return done.task_id
 
 
 async def steps_of(c: Components, task_id: str) -> dict[str, StepRow]:
-    return {s.step_id: s for s in (await c.tasks.get(task_id)).steps}
+    return {s.step_id: s for s in (await c.queries.get(task_id)).steps}
 
 
 async def claim(c: Components, limit: int = 50) -> list[StepRow]:
-    return await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=limit)
+    return await c.leasing.claim(executor_id="x", connectors=["echo"], limit=limit)
 
 
 async def totals(c: Components) -> dict[tuple[str, str], float]:
@@ -128,13 +128,13 @@ async def test_a_plan_cap_refuses_the_message_over_it_with_a_receipt(
             "not run: msg.send would use 1 of 'message', but the task's cap on 'message' is 2 "
             "and 2 has been used; the tool was not called"
         )
-        events = [e for e in await c.tasks.events(task_id) if e.kind == "cap_exceeded"]
+        events = [e for e in await c.queries.events(task_id) if e.kind == "cap_exceeded"]
         assert [(e.step_id, e.data["limit"], e.data["used"], e.data["asked"]) for e in events] == [
             ("m2", 2, 2, 1)
         ]
         assert (await totals(c))[(f"task:{task_id}", "message")] == 2
         for step in handed_out:
-            await c.dispatch.report(executor_id="x", results=[ok(step, {})])
+            await c.reporting.report(executor_id="x", results=[ok(step, {})])
         async with api_client(c) as client:
             shown = (await client.get(f"/v1/tasks/{task_id}")).json()
         assert shown["status"] == "failed"
@@ -154,14 +154,14 @@ async def test_at_most_one_payment_even_when_it_is_retried(
         }
         task_id = await submit(c, body)
         [first] = await claim(c)
-        await c.dispatch.report(
+        await c.reporting.report(
             executor_id="x", results=[failed(first, "downstream_unavailable", retryable=True)]
         )
         # The retry of the same payment is not a second payment: it is handed out again.
-        [again] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+        [again] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
         assert (again.step_id, again.attempt) == ("p1", 2)
-        await c.dispatch.report(executor_id="x", results=[ok(again, {"paid": True})])
-        assert await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=0) == []
+        await c.reporting.report(executor_id="x", results=[ok(again, {"paid": True})])
+        assert await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=0) == []
         after = await steps_of(c, task_id)
         assert after["p1"].status.value == "succeeded"
         assert after["p2"].status.value == "failed"
@@ -181,8 +181,8 @@ async def test_a_lease_that_expires_is_not_charged_twice(database_url: str, tmp_
                 .where(steps.c.id == first.id)
                 .values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
             )
-        assert await c.dispatch.reap_expired() == 1
-        [again] = await c.dispatch.poll(executor_id="y", connectors=["echo"], limit=5, wait=5)
+        assert await c.expiry.reap_expired() == 1
+        [again] = await c.leasing.poll(executor_id="y", connectors=["echo"], limit=5, wait=5)
         assert (again.id, again.attempt) == (first.id, 2)
         assert len(await charges(c, task_id)) == 1
 
@@ -205,7 +205,7 @@ async def test_the_units_can_come_from_the_resolved_arguments(
         }
         task_id = await submit(c, body)  # accepted: 'rows' is not known before `fetch` runs
         [fetch] = await claim(c)
-        await c.dispatch.report(executor_id="x", results=[ok(fetch, {"rows": [1, 2, 3, 4]})])
+        await c.reporting.report(executor_id="x", results=[ok(fetch, {"rows": [1, 2, 3, 4]})])
         assert await claim(c) == []
         write = (await steps_of(c, task_id))["write"]
         assert write.receipt["error"]["code"] == "cap_exceeded"
@@ -220,10 +220,10 @@ async def test_a_fallback_is_charged_under_its_own_class(database_url: str, tmp_
         texts = await claim(c)
         assert [s.tool for s in texts] == ["sms.send", "sms.send"]
         for text in texts:  # both fail for good: each goes to its fallback, voice.call
-            await c.dispatch.report(
+            await c.reporting.report(
                 executor_id="x", results=[failed(text, "downstream_rejected", retryable=False)]
             )
-        calls = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+        calls = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
         assert [s.tool for s in calls] == ["voice.call"]  # one call allowed, not two
         after = await steps_of(c, task_id)
         refused = next(s for s in after.values() if s.status.value == "failed")
@@ -325,7 +325,7 @@ async def test_concurrent_claims_on_two_replicas_never_over_admit(
         for _ in range(60):  # rounds of racing claims, until every step is leased or refused
             batches = await asyncio.gather(
                 *(
-                    c.dispatch.claim(executor_id=f"x{i}", connectors=["echo"], limit=4)
+                    c.leasing.claim(executor_id=f"x{i}", connectors=["echo"], limit=4)
                     for i, c in enumerate([one, two] * 10)
                 )
             )
@@ -341,7 +341,7 @@ async def test_concurrent_claims_on_two_replicas_never_over_admit(
         used = await totals(one)
         assert used[(f"task:{own}", "message")] == 5
         assert used[("tenant:acme", "payment")] == 7
-        assert one.dispatch.effect_caps.refused + two.dispatch.effect_caps.refused == 60 - 12
+        assert one.leasing.effect_caps.refused + two.leasing.effect_caps.refused == 60 - 12
         ended = [s for s in views if s.status.value == "failed"]
         assert len(ended) == 48
         assert {s.error["code"] for s in ended} == {"cap_exceeded"}
@@ -407,10 +407,7 @@ async def test_racing_charges_never_over_admit(postgres_url: str, tmp_path: Path
         rows = [s for t in tasks for s in (await steps_of(one, t)).values()]
         batches = [rows[i::10] for i in range(10)]
         refused = await asyncio.gather(
-            *(
-                c.dispatch.effect_caps.charge(b)
-                for c, b in zip([one, two] * 5, batches, strict=True)
-            )
+            *(c.leasing.effect_caps.charge(b) for c, b in zip([one, two] * 5, batches, strict=True))
         )
         admitted = [s for s in rows if not any(s.id in r for r in refused)]
         assert sum(s.tool == "msg.send" for s in admitted) == 5
@@ -429,7 +426,7 @@ async def test_the_same_step_charged_twice_at_once_is_charged_once(
     async with components_for(postgres_url, tools) as c:
         task_id = await submit(c, {"steps": sends(2), "caps": {"message": 5}})
         first, second = (await steps_of(c, task_id)).values()
-        assert await c.dispatch.effect_caps.charge([first]) == {}  # the counter row exists now
+        assert await c.leasing.effect_caps.charge([first]) == {}  # the counter row exists now
         held = await c.db.engine.connect()  # hold the counter: both charges wait behind it
         transaction = await held.begin()
         await held.execute(
@@ -437,7 +434,7 @@ async def test_the_same_step_charged_twice_at_once_is_charged_once(
             .where(cap_usage.c.scope == f"task:{task_id}")
             .with_for_update()
         )
-        racing = [asyncio.create_task(c.dispatch.effect_caps.charge([second])) for _ in range(2)]
+        racing = [asyncio.create_task(c.leasing.effect_caps.charge([second])) for _ in range(2)]
         await wait_for_lock_waiters(c, 2)  # both past their first look, blocked on the counter
         await transaction.rollback()
         await held.close()

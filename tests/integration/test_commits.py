@@ -41,7 +41,7 @@ def _next_xid(url: str) -> int:
 
 @contextlib.asynccontextmanager
 async def executor_plane(c: Components) -> AsyncIterator[Any]:
-    service = ExecutorService(dispatch=c.dispatch, registry=c.registry, pools=c.pools)
+    service = ExecutorService(parts=c)
     server, port, _ = build_server(service, "127.0.0.1:0")
     await server.start()
     try:
@@ -70,7 +70,7 @@ async def test_a_single_step_task_writes_once_to_submit_and_three_times_in_all(
             submitted = _next_xid(postgres_url)
             (step,) = await executor.poll(wait_ms=2000)
             assert (await executor.report(step.lease, {"ok": True})).accepted
-            task = await c.tasks.get(answer.json()["task_id"])
+            task = await c.queries.get(answer.json()["task_id"])
             assert task.task.status == "succeeded"
             return submitted - before, _next_xid(postgres_url) - before
 

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.services.tasks import IdempotencyConflictError, SubmitInput
+from agent_reach_controller.services.intake import IdempotencyConflictError, SubmitInput
 from tests.integration.stack import components_for, ok, write_tools
 
 
@@ -19,16 +19,16 @@ async def test_two_controllers_never_lease_a_step_twice(postgres_url: str, tmp_p
     ):
         plan = parse_plan(body, one.catalog)
         for _ in range(4):
-            await one.tasks.submit(SubmitInput(plan=plan, request=body))
+            await one.intake.submit(SubmitInput(plan=plan, request=body))
         leased: list[tuple[int, int]] = []
 
         async def drain(c, name: str) -> None:
             while True:
-                claimed = await c.dispatch.claim(executor_id=name, connectors=["echo"], limit=25)
+                claimed = await c.leasing.claim(executor_id=name, connectors=["echo"], limit=25)
                 if not claimed:
                     return
                 leased.extend((s.id, s.attempt) for s in claimed)
-                acks = await c.dispatch.report(
+                acks = await c.reporting.report(
                     executor_id=name, results=[ok(s, {}) for s in claimed]
                 )
                 assert all(a.accepted for a in acks)
@@ -38,7 +38,7 @@ async def test_two_controllers_never_lease_a_step_twice(postgres_url: str, tmp_p
         )
         assert len(leased) == 1200
         assert len(set(leased)) == 1200
-        statuses = {t.status for t in await one.tasks.list_tasks(limit=10)}
+        statuses = {t.status for t in await one.queries.list_tasks(limit=10)}
         assert statuses == {"succeeded"}
 
 
@@ -54,7 +54,7 @@ async def test_concurrent_submits_with_one_key_make_one_task(
         plan = parse_plan(body, one.catalog)
 
         async def attempt(c):
-            submitted = await c.tasks.submit(
+            submitted = await c.intake.submit(
                 SubmitInput(plan=plan, request=body, idempotency_key="same")
             )
             return submitted.task_id
@@ -62,4 +62,4 @@ async def test_concurrent_submits_with_one_key_make_one_task(
         ids = await asyncio.gather(*(attempt(c) for c in (one, two) * 5), return_exceptions=True)
         assert not [i for i in ids if isinstance(i, IdempotencyConflictError)]
         assert len({i for i in ids if isinstance(i, str)}) == 1
-        assert len(await one.tasks.list_tasks()) == 1
+        assert len(await one.queries.list_tasks()) == 1

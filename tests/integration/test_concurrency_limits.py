@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from tests.integration.stack import TOOLS, components_for, ok, write_tools
 
 CAPPED = {
@@ -26,13 +26,13 @@ def body(n: int) -> dict:
 async def test_cap_holds_and_frees(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, CAPPED])) as c:
         plan = body(6)
-        await c.tasks.submit(SubmitInput(plan=parse_plan(plan, c.catalog), request=plan))
-        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.intake.submit(SubmitInput(plan=parse_plan(plan, c.catalog), request=plan))
+        first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert sorted(s.tool for s in first) == ["bank.transfer", "bank.transfer", "echo.say"]
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
         done = next(s for s in first if s.tool == "bank.transfer")
-        await c.dispatch.report(executor_id="x", results=[ok(done, {})])
-        again = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.reporting.report(executor_id="x", results=[ok(done, {})])
+        again = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.tool for s in again] == ["bank.transfer"]
 
 
@@ -43,10 +43,10 @@ async def test_cap_holds_across_two_controllers(postgres_url: str, tmp_path: Pat
         components_for(postgres_url, tools) as two,
     ):
         plan = body(40)
-        await one.tasks.submit(SubmitInput(plan=parse_plan(plan, one.catalog), request=plan))
+        await one.intake.submit(SubmitInput(plan=parse_plan(plan, one.catalog), request=plan))
         claims = await asyncio.gather(
             *(
-                c.dispatch.claim(executor_id=f"x{i}", connectors=["echo"], limit=5)
+                c.leasing.claim(executor_id=f"x{i}", connectors=["echo"], limit=5)
                 for i, c in enumerate([one, two] * 6)
             )
         )
@@ -74,11 +74,11 @@ async def test_a_key_at_its_cap_waits_while_other_keys_run(
             ]
             + [{"step_id": "free", "tool": "echo.say", "args": {}}]
         }
-        await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert sorted(s.step_id for s in first) == ["a0", "b0", "free"]
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
         a0 = next(s for s in first if s.step_id == "a0")
-        await c.dispatch.report(executor_id="x", results=[ok(a0, {})])
-        [after] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.reporting.report(executor_id="x", results=[ok(a0, {})])
+        [after] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert after.step_id == "a1"

@@ -136,9 +136,9 @@ async def submit(client: httpx.AsyncClient, body: dict[str, Any] = CHAIN) -> str
 
 
 async def run_step(c: Components, *, fail: bool = False) -> None:
-    [step] = await c.dispatch.claim(executor_id="e1", connectors=["echo"], limit=1)
+    [step] = await c.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
     result = failed(step, "not_found", retryable=False) if fail else ok(step, {"n": 1})
-    await c.dispatch.report(executor_id="e1", results=[result])
+    await c.reporting.report(executor_id="e1", results=[result])
 
 
 async def listed(client: httpx.AsyncClient, task_id: str, after: int = 0) -> list[dict[str, Any]]:
@@ -331,12 +331,10 @@ async def test_step_events_wake_a_stream_served_by_another_replica(
         async with asyncio.timeout(10):
             while not notifier.followed_elsewhere(task_id):  # noqa: ASYNC110 (to a deadline)
                 await asyncio.sleep(0.005)
-        [step] = await working_replica.dispatch.claim(
-            executor_id="e1", connectors=["echo"], limit=1
-        )
+        [step] = await working_replica.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
         await live.until(lambda f: f.events[-1].event == "task_status")  # lease, then running
         assert [m.event for m in live.events][-2:] == ["lease", "task_status"]
-        await working_replica.dispatch.report(executor_id="e1", results=[ok(step, {})])
+        await working_replica.reporting.report(executor_id="e1", results=[ok(step, {})])
         await live.until(lambda f: any(m.event == "succeed" for m in f.events))
         await live.cancel()
 
@@ -350,7 +348,7 @@ async def test_every_event_wakes_a_stream_in_the_same_process(
         task_id = await submit(client)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         await live.until(lambda f: len(f.events) >= 2)
-        await c.dispatch.claim(executor_id="e1", connectors=["echo"], limit=1)
+        await c.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
         await live.until(lambda f: [m.event for m in f.events][-2:] == ["lease", "task_status"])
         await live.cancel()
 
@@ -388,7 +386,7 @@ async def test_an_event_committed_late_under_a_lower_id_is_not_skipped(
                 "INSERT INTO events (task_id, kind, created_at) VALUES (%s, 'late', now())",
                 (task_id,),
             )
-            await c.dispatch.claim(executor_id="e1", connectors=["echo"], limit=1)
+            await c.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
             committed = await listed(client, task_id, after=before[-1]["id"])
             assert [e["kind"] for e in committed] == ["lease", "task_status"]
             page = await feed.read_page(task_id, after=before[-1]["id"])

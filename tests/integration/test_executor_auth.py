@@ -24,7 +24,7 @@ from agent_reach_controller.identity.pools import token_hash
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import running_controller
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from tests.integration.stack import TOOLS, api_client, write_tools
 
@@ -121,7 +121,7 @@ class Plane:
 
     async def submit(self, *steps: tuple[str, str], tenant: str = "default") -> str:
         body = {"steps": [{"step_id": s, "tool": t, "args": {}} for s, t in steps]}
-        view = await self.c.tasks.submit(
+        view = await self.c.intake.submit(
             SubmitInput(plan=parse_plan(body, self.c.catalog), request=body, tenant=tenant)
         )
         return view.task_id
@@ -135,7 +135,7 @@ class Plane:
         return task_id, real, step
 
     async def events(self, task_id: str, kind: str) -> list[Any]:
-        return [e for e in await self.c.tasks.events(task_id) if e.kind == kind]
+        return [e for e in await self.c.queries.events(task_id) if e.kind == kind]
 
     def refusals(self, reason: str) -> float:
         return self.c.metrics.total("agent_reach_executor_auth_failures_total", reason=reason)
@@ -189,7 +189,7 @@ async def test_no_or_a_bad_token_is_unauthenticated_on_every_call(
             assert await _status(rogue.report(lease, "forged")) is grpc.StatusCode.UNAUTHENTICATED
         assert p.refusals("no_credentials") >= 8
         assert p.refusals("bad_token") >= 12
-        view = await p.c.tasks.get(task_id)
+        view = await p.c.queries.get(task_id)
         assert view.steps[0].status == "ready"
         assert view.steps[0].attempt == 1
 
@@ -205,10 +205,10 @@ async def test_a_report_with_no_register_and_a_made_up_id_is_refused(
             rogue = Executor(p.stub, token, executor_id="made-up")  # never registered
             code = await _status(rogue.report(guessed, {"fabricated": True}))
             assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
-        assert (await p.c.tasks.get(task_id)).steps[0].status == "running"
+        assert (await p.c.queries.get(task_id)).steps[0].status == "running"
         ack = await real.report(step.lease, {"real": True})
         assert ack.accepted
-        assert (await p.c.tasks.get(task_id)).steps[0].output == {"real": True}
+        assert (await p.c.queries.get(task_id)).steps[0].output == {"real": True}
 
 
 async def test_a_forged_report_and_heartbeat_for_a_live_lease_are_refused_and_recorded(
@@ -236,7 +236,7 @@ async def test_a_forged_report_and_heartbeat_for_a_live_lease_are_refused_and_re
         assert [x.step_key for x in beat.extended] == [key]
         ack = await real.report(step.lease, {"real": True})
         assert ack.accepted
-        view = await p.c.tasks.get(task_id)
+        view = await p.c.queries.get(task_id)
         assert view.steps[0].output == {"real": True}
         rejected = await p.events(task_id, "result_rejected")
         assert [(e.data["reason"], e.data["call"], e.data["executor_id"]) for e in rejected] == [
@@ -260,8 +260,8 @@ async def test_a_replayed_lease_after_a_new_attempt_is_stale(
 
         async def requeued() -> bool:
             await second.beat([])  # `second` stays alive meanwhile
-            await p.c.dispatch.leases.reap_sessions()  # (the background reaper may be first)
-            step = (await p.c.tasks.get(task_id)).steps[0]
+            await p.c.leases.reap_sessions()  # (the background reaper may be first)
+            step = (await p.c.queries.get(task_id)).steps[0]
             return step.status == "ready" and step.attempt == 2
 
         await _eventually(requeued)
@@ -279,7 +279,7 @@ async def test_a_replayed_lease_after_a_new_attempt_is_stale(
         ack = await first.report(replay, "replayed")
         assert (ack.accepted, ack.reason) == (False, "not_lease_holder")
         assert (await second.report(new.lease, "fresh")).accepted
-        assert (await p.c.tasks.get(task_id)).steps[0].output == "fresh"
+        assert (await p.c.queries.get(task_id)).steps[0].output == "fresh"
 
 
 async def test_scope_bounds_connectors_tools_and_tenants(database_url: str, tmp_path: Path) -> None:
@@ -317,8 +317,8 @@ async def test_revoking_a_token_ends_its_sessions_and_requeues_at_once(
         await doomed.register()
         (step,) = await doomed.poll()
         assert await p.c.pools.revoke(info.token_id, by="test")
-        await p.c.dispatch.leases.reap_sessions()  # what the API's revoke does next
-        view = await p.c.tasks.get(task_id)
+        await p.c.leases.reap_sessions()  # what the API's revoke does next
+        view = await p.c.queries.get(task_id)
         assert (view.steps[0].status, view.steps[0].attempt) == ("ready", 2)
         assert await _status(doomed.report(step.lease, "late")) is grpc.StatusCode.UNAUTHENTICATED
         assert await _status(doomed.register()) is grpc.StatusCode.UNAUTHENTICATED
@@ -349,11 +349,11 @@ async def test_a_lease_whose_reply_never_arrived_is_released_at_the_next_heartbe
         await ex.register()
         await ex.poll()  # poll 1: the executor "never received" this reply
         beat = await ex.beat([], polls_completed=0)  # not yet known to be complete: kept
-        view = await p.c.tasks.get(task_id)
+        view = await p.c.queries.get(task_id)
         assert view.steps[0].status == "running"
         beat = await ex.beat([], polls_completed=1)
         assert not beat.lost
-        view = await p.c.tasks.get(task_id)
+        view = await p.c.queries.get(task_id)
         # It never ran, so it is queued again: for this tool an attempt that may have applied
         # would be `outcome_unknown`, waiting for an operator.
         assert (view.steps[0].status, view.steps[0].attempt) == ("ready", 2)
@@ -374,7 +374,7 @@ async def test_executor_auth_off_admits_executors_without_a_token(
         old.session = ""
         assert [x.step_key for x in (await old.beat([bare])).extended] == [bare.step_key]
         assert (await old.report(bare, "ok")).accepted
-        assert (await p.c.tasks.get(task_id)).steps[0].output == "ok"
+        assert (await p.c.queries.get(task_id)).steps[0].output == "ok"
 
 
 async def test_executor_auth_off_a_session_kept_on_registering_again_is_quotable(
@@ -391,7 +391,7 @@ async def test_executor_auth_off_a_session_kept_on_registering_again_is_quotable
         assert second != first
         assert second.split("_", 2)[1] == first.split("_", 2)[1]  # the same session, a new secret
         assert (await ex.report(step.lease, "ok")).accepted
-        assert (await p.c.tasks.get(task_id)).steps[0].output == "ok"
+        assert (await p.c.queries.get(task_id)).steps[0].output == "ok"
 
 
 async def test_the_admin_api_manages_tokens_and_shows_the_fleet(
@@ -415,7 +415,7 @@ async def test_the_admin_api_manages_tokens_and_shows_the_fleet(
         assert token_id in listed.text
         assert token.split("_", 2)[2] not in listed.text  # never the secret
         assert (await http.delete(f"/v1/executor-tokens/{token_id}")).status_code == 204
-        view = await p.c.tasks.get(task_id)
+        view = await p.c.queries.get(task_id)
         assert (view.steps[0].status, view.steps[0].attempt) == ("ready", 2)
         again = await http.delete(f"/v1/executor-tokens/{token_id}")
         assert again.status_code == 404
@@ -451,7 +451,7 @@ async def test_a_pool_removed_from_the_provisioning_file_is_revoked_without_a_re
         await _eventually(refused)
 
         async def requeued() -> bool:
-            await p.c.dispatch.leases.reap_sessions()
-            return (await p.c.tasks.get(task_id)).steps[0].status == "ready"
+            await p.c.leases.reap_sessions()
+            return (await p.c.queries.get(task_id)).steps[0].status == "ready"
 
         await _eventually(requeued)

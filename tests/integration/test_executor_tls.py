@@ -21,7 +21,7 @@ from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import Bound, running_controller
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_executor import ExecutorSettings, run_executor
 from tests.integration.stack import write_tools
@@ -116,7 +116,7 @@ async def test_mutual_tls_maps_a_certificate_to_its_pool(sqlite_url: str, tmp_pa
 
         # A real executor, given the CA and its certificate (no token), runs a step.
         body = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {"text": "over mTLS"}}]}
-        task = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+        task = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
         stop = asyncio.Event()
         settings = ExecutorSettings(
             controller=bound.grpc,
@@ -129,7 +129,7 @@ async def test_mutual_tls_maps_a_certificate_to_its_pool(sqlite_url: str, tmp_pa
         worker = asyncio.create_task(run_executor(settings, stop=stop, handle_signals=False))
         try:
             for _ in range(200):
-                view = await c.tasks.get(task.task_id)
+                view = await c.queries.get(task.task_id)
                 if view.steps[0].status == "succeeded":
                     break
                 await asyncio.sleep(0.05)

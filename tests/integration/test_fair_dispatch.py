@@ -7,14 +7,14 @@ from typing import Any
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from tests.integration.stack import components_for, write_tools
 
 
 async def submit(c: Components, who: str, steps: list[dict[str, Any]], **plan: Any) -> None:
     body = {"steps": steps, **plan}
     parsed = parse_plan(body, c.catalog)
-    await c.tasks.submit(SubmitInput(plan=parsed, request=body, tenant=who))
+    await c.intake.submit(SubmitInput(plan=parsed, request=body, tenant=who))
 
 
 def echo(prefix: str, n: int) -> list[dict[str, Any]]:
@@ -28,7 +28,7 @@ async def test_one_submitters_burst_does_not_starve_anothers_single_step(
         await submit(c, "tenant-a", echo("a", 300))
         await submit(c, "tenant-b", echo("b", 1))
         await submit(c, "tenant-c", echo("c", 2))
-        first = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=6)
+        first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=6)
         assert [s.step_id for s in sorted(first, key=lambda s: s.id)] == [
             "a0",
             "a1",
@@ -38,7 +38,7 @@ async def test_one_submitters_burst_does_not_starve_anothers_single_step(
             "c1",
         ]
         # Only tenant-a is left: its steps keep their order.
-        rest = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        rest = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         assert sorted(s.step_id for s in rest) == ["a3", "a4", "a5", "a6", "a7"]
 
 
@@ -54,7 +54,7 @@ async def test_higher_priority_runs_first_and_a_step_may_set_its_own(
         ]
         await submit(c, "ops", urgent, priority=10)
         order = []
-        while batch := await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=2):
+        while batch := await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2):
             order += sorted(batch, key=lambda s: (-s.priority, s.id))
         assert [s.step_id for s in order] == [
             "top",

@@ -81,7 +81,7 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
     database_url: str, tmp_path: Path
 ) -> None:
     from agent_reach_controller.planning.plan import parse_plan
-    from agent_reach_controller.services.tasks import SubmitInput
+    from agent_reach_controller.services.intake import SubmitInput
 
     settings = ControllerSettings(
         database_url=database_url,
@@ -98,7 +98,7 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
         running_controller(settings) as (c, bound),
         grpc.aio.insecure_channel(bound.grpc) as channel,
     ):
-        submitted = await c.tasks.submit(
+        submitted = await c.intake.submit(
             SubmitInput(plan=parse_plan(body, c.catalog), request=body)
         )
         stub = pb_grpc.ExecutorServiceStub(channel)
@@ -130,7 +130,7 @@ async def test_unstorable_output_fails_its_step_not_the_batch(
             metadata=auth,
         )
         assert [a.accepted for a in acks.acks] == [True] * 4
-        view = await c.tasks.get(submitted.task_id)
+        view = await c.queries.get(submitted.task_id)
         by_id = {s.step_id: s for s in view.steps}
         assert by_id["ok"].status == "succeeded"
         for name in ("nan", "nul", "half"):

@@ -43,5 +43,5 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
         await wait_until(lambda: "api_client_gone" in events(), within=10)
         assert "api_error" not in events()
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert await c.tasks.list_tasks(tenant="default") == []  # nothing stored
+        assert await c.queries.list_tasks(tenant="default") == []  # nothing stored
         del reader

@@ -120,15 +120,15 @@ async def test_the_trace_is_built_from_the_event_log_in_jaegers_format(
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, api_client(c) as api:
         task_id = (await api.post("/v1/tasks", json=PLAN)).json()["task_id"]
-        (a1,) = await c.dispatch.claim(executor_id="exec-1", connectors=["echo"], limit=5)
-        await c.dispatch.report(
+        (a1,) = await c.leasing.claim(executor_id="exec-1", connectors=["echo"], limit=5)
+        await c.reporting.report(
             executor_id="exec-1", results=[failed(a1, "timeout", retryable=True)]
         )
         # The retry's backoff is 10 ms (see the tool's retry policy).
-        (a2,) = await c.dispatch.poll(executor_id="exec-2", connectors=["echo"], limit=5, wait=5)
-        await c.dispatch.report(executor_id="exec-2", results=[ok(a2, {"text": "hi"})])
-        (b1,) = await c.dispatch.claim(executor_id="exec-1", connectors=["echo"], limit=5)
-        await c.dispatch.report(executor_id="exec-1", results=[ok(b1, {"text": "hi"})])
+        (a2,) = await c.leasing.poll(executor_id="exec-2", connectors=["echo"], limit=5, wait=5)
+        await c.reporting.report(executor_id="exec-2", results=[ok(a2, {"text": "hi"})])
+        (b1,) = await c.leasing.claim(executor_id="exec-1", connectors=["echo"], limit=5)
+        await c.reporting.report(executor_id="exec-1", results=[ok(b1, {"text": "hi"})])
 
         answer = await api.get(f"/v1/tasks/{task_id}/trace")
         assert answer.status_code == 200

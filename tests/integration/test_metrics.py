@@ -22,7 +22,7 @@ from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, background
 from agent_reach_controller.server import running_controller
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage.engine import before_commit
 from agent_reach_controller.storage.records import StepRow
@@ -49,8 +49,8 @@ FLAKY = {
 async def submit(c: Components, plan: list[dict[str, Any]]) -> tuple[str, str]:
     """(task_id, trace_id) of a new task with these steps."""
     body = {"steps": plan}
-    done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-    view = await c.tasks.get(done.task_id)
+    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+    view = await c.queries.get(done.task_id)
     assert view is not None
     return done.task_id, view.task.trace_id
 
@@ -143,14 +143,14 @@ async def test_queue_gauges_and_schedule_to_start_come_from_the_database(
             not_before=now - timedelta(seconds=1.5),  # mid-bucket: 1 s of slack either way
         )
         await backdate(c, "later", not_before=now + timedelta(seconds=60))
-        assert await c.dispatch.refresh_queue_depth() == 4
+        assert await c.admission.refresh_queue_depth() == 4
         text = await scrape(c)
         assert value(text, "agent_reach_queue_depth", tool="echo.say") == 3
         assert value(text, "agent_reach_queue_depth", tool="echo.count") == 1
         oldest = value(text, "agent_reach_queue_oldest_ready_age_seconds", tool="echo.say")
         assert oldest is not None
         assert 20 <= oldest < 30  # the backoff step waits 1.5 s, the later one is not due
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert sorted(s.step_id for s in leased) == ["backoff", "count", "old"]
         text = await scrape(c)
         bucket = "agent_reach_schedule_to_start_seconds_bucket"
@@ -160,7 +160,7 @@ async def test_queue_gauges_and_schedule_to_start_come_from_the_database(
         assert value(text, bucket, tool="echo.say", le="10.0") == 1
         assert value(text, bucket, tool="echo.say", le="30.0") == 2
         assert value(text, "agent_reach_schedule_to_start_seconds_count", tool="echo.count") == 1
-        await c.dispatch.refresh_queue_depth()
+        await c.admission.refresh_queue_depth()
         text = await scrape(c)
         assert value(text, "agent_reach_queue_depth", tool="echo.say") == 1
         assert value(text, "agent_reach_queue_depth", tool="echo.count") == 0
@@ -178,7 +178,7 @@ async def test_outcomes_retries_and_durations_carry_the_tasks_trace_id(
                 {"step_id": "count", "tool": "echo.count", "args": {"n": 1}},
             ],
         )
-        claimed = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        claimed = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         leased = {s.step_id: s for s in claimed}
         unavailable = AttemptError(code="downstream_unavailable", message="503", retryable=True)
         invalid = AttemptError(code="invalid_arguments", message="no", retryable=False)
@@ -187,9 +187,9 @@ async def test_outcomes_retries_and_durations_carry_the_tasks_trace_id(
             ran(leased["s3"], 0.04, unavailable),
             ran(leased["count"], 0.01, invalid),
         ]
-        acks = await c.dispatch.report(executor_id="x", results=results)
+        acks = await c.reporting.report(executor_id="x", results=results)
         assert all(a.accepted for a in acks)
-        late = await c.dispatch.report(executor_id="x", results=[ok(leased["s0"], {})])
+        late = await c.reporting.report(executor_id="x", results=[ok(leased["s0"], {})])
         assert [a.reason for a in late] == ["stale_lease"]
         text = await scrape(c)
         steps_total = "agent_reach_steps_total"
@@ -238,9 +238,9 @@ async def test_expired_leases_and_open_breakers_show_from_the_background_loop(
                 *({"step_id": f"f{i}", "tool": "flaky.call", "args": {}} for i in range(2)),
             ],
         )
-        leased = await c.dispatch.claim(executor_id="gone", connectors=["echo"], limit=10)
+        leased = await c.leasing.claim(executor_id="gone", connectors=["echo"], limit=10)
         unavailable = AttemptError(code="downstream_unavailable", message="503", retryable=True)
-        await c.dispatch.report(
+        await c.reporting.report(
             executor_id="gone",
             results=[ran(s, 0.01, unavailable) for s in leased if s.tool == "flaky.call"],
         )
@@ -265,16 +265,16 @@ async def test_rate_limited_deferrals_and_downstream_pauses_are_counted(
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, LIMITED])) as c:
         plan = [{"step_id": f"s{i}", "tool": "echo.limited", "args": {}} for i in range(6)]
         await submit(c, plan)
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         # At most the burst now (a bucket may start empty); the rest wait for their bucket.
         assert len(leased) <= 3
         text = await scrape(c)
         deferred = value(text, "agent_reach_rate_limited_total", tool="echo.limited")
         assert deferred == len(plan) - len(leased)
         if not leased:
-            leased = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=1, wait=5)
+            leased = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=1, wait=5)
         spent = AttemptResult(step_key=leased[0].id, attempt=leased[0].attempt, throttle_s=5.0)
-        await c.dispatch.report(executor_id="x", results=[spent])
+        await c.reporting.report(executor_id="x", results=[spent])
         text = await scrape(c)
         assert value(text, "agent_reach_tool_pauses_total", tool="echo.limited") == 1
 
@@ -293,9 +293,9 @@ async def test_a_running_controllers_scrape_passes_promtool(
         async with httpx.AsyncClient(base_url=f"http://{bound.http}") as client:
             plan = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
             assert (await client.post("/v1/tasks", json=plan, headers=headers)).status_code == 202
-            [step] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=1, wait=5)
-            await c.dispatch.report(executor_id="x", results=[ran(step, 0.05)])
-            await c.dispatch.refresh_queue_depth()
+            [step] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=1, wait=5)
+            await c.reporting.report(executor_id="x", results=[ran(step, 0.05)])
+            await c.admission.refresh_queue_depth()
             text = (await client.get("/metrics")).text
             assert value(text, "agent_reach_steps_total", tool="echo.say", outcome="succeeded")
     checked = await asyncio.to_thread(
@@ -320,13 +320,13 @@ async def test_what_a_rolled_back_transaction_observed_is_not_counted(
 
         async def observe_then_fail() -> None:
             async with c.db.transaction() as conn:
-                c.dispatch.metrics.rejected(conn, "duplicate")
+                c.metrics.rejected(conn, "duplicate")
                 before_commit(conn, fail)  # a later step of the commit fails
 
         with pytest.raises(RuntimeError):
             await observe_then_fail()
-        assert c.dispatch.metrics.total(rejected) == 0
+        assert c.metrics.total(rejected) == 0
         async with c.db.transaction() as conn:
-            c.dispatch.metrics.rejected(conn, "duplicate")
-            assert c.dispatch.metrics.total(rejected) == 0  # not before the commit either
-        assert c.dispatch.metrics.total(rejected) == 1
+            c.metrics.rejected(conn, "duplicate")
+            assert c.metrics.total(rejected) == 0  # not before the commit either
+        assert c.metrics.total(rejected) == 1

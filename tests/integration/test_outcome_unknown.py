@@ -28,8 +28,8 @@ def ambiguous(step, *, maybe_applied: bool = True) -> AttemptResult:
 
 
 async def _run_once(c, body_result) -> None:
-    [step] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
-    await c.dispatch.report(executor_id="x", results=[body_result(step)])
+    [step] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
+    await c.reporting.report(executor_id="x", results=[body_result(step)])
 
 
 async def test_ambiguous_failure_of_non_idempotent_tool_waits(
@@ -44,7 +44,7 @@ async def test_ambiguous_failure_of_non_idempotent_tool_waits(
         assert task["status"] == "running"
         assert step["receipt"]["status"] == "outcome_unknown"
         assert "may have been applied" in step["receipt"]["error"]["message"]
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1) == []
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1) == []
 
 
 async def test_idempotent_tool_retries_and_clear_failure_retries(
@@ -53,16 +53,16 @@ async def test_idempotent_tool_retries_and_clear_failure_retries(
     async with api(database_url, tmp_path) as (client, c):
         say = (await client.post("/v1/tasks", json=SAY)).json()["task_id"]
         await _run_once(c, ambiguous)
-        assert (await c.tasks.get(say)).steps[0].status is StepStatus.READY
+        assert (await c.queries.get(say)).steps[0].status is StepStatus.READY
         pay = (await client.post("/v1/tasks", json=PAY)).json()["task_id"]
         # echo.count allows one attempt: a failure known not to have reached it just fails.
         [step] = [
             s
-            for s in await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+            for s in await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
             if s.task_id == pay
         ]
-        await c.dispatch.report(executor_id="x", results=[ambiguous(step, maybe_applied=False)])
-        assert (await c.tasks.get(pay)).steps[0].status is StepStatus.FAILED
+        await c.reporting.report(executor_id="x", results=[ambiguous(step, maybe_applied=False)])
+        assert (await c.queries.get(pay)).steps[0].status is StepStatus.FAILED
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ async def test_operator_resolves(
         if verdict["action"] == "succeeded":
             assert task["steps"][0]["receipt"]["data"] == {"charged": True}
         if verdict["action"] == "retry":
-            [again] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+            [again] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
             assert again.attempt == 2
             assert again.idempotency_key == f"{task_id}:pay"
 
@@ -124,10 +124,10 @@ async def test_lost_lease_of_non_idempotent_step_is_unknown(
 
     async with api(sqlite_url, tmp_path) as (client, c):
         task_id = (await client.post("/v1/tasks", json=PAY)).json()["task_id"]
-        await c.dispatch.claim(executor_id="gone", connectors=["echo"], limit=1)
+        await c.leasing.claim(executor_id="gone", connectors=["echo"], limit=1)
         async with c.db.transaction() as conn:  # the executor died: its lease ran out
             await conn.execute(
                 sa.update(steps).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
             )
-        assert await c.dispatch.reap_expired() == 1
-        assert (await c.tasks.get(task_id)).steps[0].status is StepStatus.OUTCOME_UNKNOWN
+        assert await c.expiry.reap_expired() == 1
+        assert (await c.queries.get(task_id)).steps[0].status is StepStatus.OUTCOME_UNKNOWN

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from tests.integration.stack import components_for, ok, write_tools
 
 BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
@@ -21,12 +21,12 @@ ROUNDS = 8  # psycopg prepares a statement on its own from its 5th run on a conn
 async def _run_tasks(c: Components) -> None:
     plan = parse_plan(BODY, c.catalog)
     for _ in range(ROUNDS):
-        submitted = await c.tasks.submit(SubmitInput(plan=plan, request=BODY))
-        claimed = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        submitted = await c.intake.submit(SubmitInput(plan=plan, request=BODY))
+        claimed = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         assert [s.task_id for s in claimed] == [submitted.task_id]
-        acks = await c.dispatch.report(executor_id="x", results=[ok(claimed[0], {})])
+        acks = await c.reporting.report(executor_id="x", results=[ok(claimed[0], {})])
         assert all(a.accepted for a in acks)
-        assert (await c.tasks.get(submitted.task_id)).task.status == "succeeded"
+        assert (await c.queries.get(submitted.task_id)).task.status == "succeeded"
 
 
 async def _prepared_here(c: Components) -> int:

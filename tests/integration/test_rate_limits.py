@@ -18,8 +18,8 @@ from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.decide.ratelimits import Rate, admit
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.services.limiter import RedisLimiter
-from agent_reach_controller.services.tasks import SubmitInput
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import events
@@ -41,7 +41,7 @@ PER_CUSTOMER = {
 
 async def submit(c: Components, steps: list[dict[str, Any]]) -> str:
     body = {"steps": steps}
-    done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
     return done.task_id
 
 
@@ -51,9 +51,9 @@ async def drain(c: Components, expected: int, *, within: float = 15.0) -> list[S
     deadline = time.monotonic() + within
     while len(leased) < expected:
         assert time.monotonic() < deadline, f"only {len(leased)} of {expected} steps ran"
-        batch = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=50, wait=1.0)
+        batch = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=50, wait=1.0)
         leased += batch
-        await c.dispatch.report(executor_id="x", results=[ok(s, {}) for s in batch])
+        await c.reporting.report(executor_id="x", results=[ok(s, {}) for s in batch])
     return leased
 
 
@@ -90,7 +90,7 @@ async def test_leases_keep_to_the_rate_and_refused_steps_wait_in_the_queue(
             assert busiest(times, window) <= 3 + 20 * window + 1e-6, window
         # The limit bit (12 steps beyond the burst at 20/s take 0.6 s), without idling long.
         assert 0.6 - 1e-3 <= times[-1] - times[0] <= 0.6 + 1.5
-        assert c.dispatch.metrics.total("agent_reach_rate_limited_total") > 0
+        assert c.metrics.total("agent_reach_rate_limited_total") > 0
 
 
 async def test_each_key_value_has_its_own_bucket(database_url: str, tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ async def test_a_downstream_that_says_slow_down_holds_its_whole_tool_back(
                 {"step_id": "other", "tool": "echo.count", "args": {"n": 1}},
             ],
         )
-        [first] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+        [first] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         told = AttemptResult(
             step_key=first.id,
             attempt=first.attempt,
@@ -133,22 +133,22 @@ async def test_a_downstream_that_says_slow_down_holds_its_whole_tool_back(
         # Taken before the report: the pause runs from the controller's clock inside it, and a
         # slow report (a loaded machine) must not make the pause look short.
         paused_at = time.monotonic()
-        await c.dispatch.report(executor_id="x", results=[told])
+        await c.reporting.report(executor_id="x", results=[told])
         # Only the other tool runs while echo.say is held back, retries included.
-        during = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
+        during = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.step_id for s in during] == ["other"]
-        after = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=10, wait=3.0)
+        after = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=10, wait=3.0)
         assert time.monotonic() - paused_at >= 1.0 - 0.05
         assert {s.step_id for s in after} == {"s0", "s1", "s2", "s3"}  # s0's retry too
         # A success that says the quota is spent holds the tool back as well.
         # Long enough that a loaded machine still claims within it.
         spent = AttemptResult(step_key=after[0].id, attempt=after[0].attempt, throttle_s=1.5)
         spent_at = time.monotonic()
-        await c.dispatch.report(executor_id="x", results=[spent, *map(_ok, after[1:])])
-        await c.dispatch.report(executor_id="x", results=[ok(s, {}) for s in during])
+        await c.reporting.report(executor_id="x", results=[spent, *map(_ok, after[1:])])
+        await c.reporting.report(executor_id="x", results=[ok(s, {}) for s in during])
         await submit(c, [{"step_id": "late", "tool": "echo.say", "args": {}}])
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10) == []
-        [late] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=10, wait=3)
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
+        [late] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=10, wait=3)
         assert late.step_id == "late"
         assert time.monotonic() - spent_at >= 1.5 - 0.05
 
@@ -245,10 +245,10 @@ async def test_retry_after_is_honoured_up_to_the_tools_cap(sqlite_url: str, tmp_
         task_id = await submit(
             c, [{"step_id": f"s{i}", "tool": "slow.down", "args": {}} for i in range(2)]
         )
-        first, second = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=2)
+        first, second = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2)
         asked = {first.step_id: 1.5, second.step_id: 10_000.0}
         before = time.time()
-        await c.dispatch.report(
+        await c.reporting.report(
             executor_id="x",
             results=[
                 AttemptResult(
@@ -264,7 +264,7 @@ async def test_retry_after_is_honoured_up_to_the_tools_cap(sqlite_url: str, tmp_
                 for s in (first, second)
             ],
         )
-        view = await c.tasks.get(task_id)
+        view = await c.queries.get(task_id)
         assert view is not None
         waits = {s.step_id: s.not_before.timestamp() - before for s in view.steps if s.not_before}
         # Upper bounds leave room for a slow report on a loaded machine.

@@ -47,19 +47,19 @@ async def test_redacted_fields_never_reach_the_model_but_later_steps_can_use_the
         api_client(c) as api,
     ):
         plan_task = (await api.post("/v1/tasks", json=PLAN)).json()["task_id"]
-        (first,) = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
-        await c.dispatch.report(executor_id="x", results=[ok(first, OUTPUT)])
-        (second,) = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        (first,) = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
+        await c.reporting.report(executor_id="x", results=[ok(first, OUTPUT)])
+        (second,) = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         # The stored output keeps the number: the next step was given the real value.
         assert second.resolved_args == {"text": "4111111111111111"}
-        await c.dispatch.report(executor_id="x", results=[ok(second, {"text": "ok"})])
+        await c.reporting.report(executor_id="x", results=[ok(second, {"text": "ok"})])
         receipt = (await api.get(f"/v1/tasks/{plan_task}")).json()["steps"][0]["receipt"]
         assert receipt["data"]["card"] == {"number": "[redacted]", "last4": "1111"}
         assert "4111111111111111" not in json.dumps(receipt)
 
         task_id = (await api.post("/v1/tasks", json=CALLS)).json()["task_id"]
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
-        await c.dispatch.report(
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
+        await c.reporting.report(
             executor_id="x",
             results=[ok(s, OUTPUT if s.step_id == "call_1" else {"text": "hi"}) for s in leased],
         )
@@ -105,11 +105,13 @@ async def test_a_task_shows_reported_tokens_tool_calls_and_duration(
     ):
         body = {"steps": [{"step_id": "s", "tool": "echo.say", "args": {"text": "x"}}]}
         task_id = (await api.post("/v1/tasks", json=body)).json()["task_id"]
-        (first,) = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
-        await c.dispatch.report(executor_id="x", results=[failed(first, "timeout", retryable=True)])
+        (first,) = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
+        await c.reporting.report(
+            executor_id="x", results=[failed(first, "timeout", retryable=True)]
+        )
         # The retry's backoff is 10 ms.
-        [again] = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
-        await c.dispatch.report(executor_id="x", results=[ok(again, {"text": "x"})])
+        [again] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+        await c.reporting.report(executor_id="x", results=[ok(again, {"text": "x"})])
 
         usage = f"/v1/tasks/{task_id}/usage"
         await api.post(usage, json={"input_tokens": 1200, "output_tokens": 80})

@@ -43,7 +43,7 @@ async def run_to_the_end(c: Components) -> None:
     outputs: dict[str, Any] = {"look": LOOK, "echo": {"text": "hello"}}
     retried = False
     for _ in range(20):  # each round waits for the next step (a retry's backoff is 10 ms)
-        leased = await c.dispatch.poll(executor_id="x", connectors=["echo"], limit=10, wait=5)
+        leased = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=10, wait=5)
         results = []
         for step in leased:
             if step.step_id == "look" and not retried:
@@ -54,8 +54,10 @@ async def run_to_the_end(c: Components) -> None:
             else:
                 results.append(ok(step, outputs[step.step_id]))
         if results:
-            await c.dispatch.report(executor_id="x", results=results)
-        view = await c.tasks.get((await c.tasks.list_tasks(tenant="default", limit=1))[0].task_id)
+            await c.reporting.report(executor_id="x", results=results)
+        view = await c.queries.get(
+            (await c.queries.list_tasks(tenant="default", limit=1))[0].task_id
+        )
         if view.task.status.value in ("succeeded", "failed"):
             return
     raise AssertionError("the task did not end")
@@ -158,8 +160,8 @@ async def test_a_dry_run_reproduces_the_tool_messages_the_model_was_given(
         api_client(c) as api,
     ):
         task_id = (await api.post("/v1/tasks", json=calls)).json()["task_id"]
-        [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=10)
-        await c.dispatch.report(executor_id="x", results=[ok(leased, {"echo": "y" * 1000})])
+        [leased] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
+        await c.reporting.report(executor_id="x", results=[ok(leased, {"echo": "y" * 1000})])
         [message] = (await api.get(f"/v1/tasks/{task_id}")).json()["tool_messages"]
         [step] = (await api.get(f"/v1/tasks/{task_id}/replay")).json()["dry_run"]["steps"]
     assert "full_output" in message["content"]

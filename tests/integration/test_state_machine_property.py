@@ -31,7 +31,8 @@ from hypothesis.stateful import (
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, is_legal
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
-from agent_reach_controller.services.tasks import ResolveInput, SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
+from agent_reach_controller.services.operator import ResolveInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage import migrate
 from agent_reach_controller.storage.schema import events, steps
@@ -96,14 +97,14 @@ class StoreMachine(RuleBasedStateMachine):
             body_steps.append(step)
         body = {"steps": body_steps}
         submitted = self.run(
-            self.c.tasks.submit(SubmitInput(plan=parse_plan(body, self.c.catalog), request=body))
+            self.c.intake.submit(SubmitInput(plan=parse_plan(body, self.c.catalog), request=body))
         )
         self.tasks.append(submitted.task_id)
 
     @rule(limit=st.integers(1, 5))
     def claim(self, limit: int) -> None:
         self.held.extend(
-            self.run(self.c.dispatch.claim(executor_id="e", connectors=["echo"], limit=limit))
+            self.run(self.c.leasing.claim(executor_id="e", connectors=["echo"], limit=limit))
         )
 
     @precondition(lambda self: self.held)
@@ -116,14 +117,16 @@ class StoreMachine(RuleBasedStateMachine):
             result = failed(step, "timeout", retryable=True, maybe_applied=True)
         else:
             result = failed(step, "boom", retryable=outcome == "retryable")
-        self.run(self.c.dispatch.report(executor_id="e", results=[result]))
+        self.run(self.c.reporting.report(executor_id="e", results=[result]))
         self.stale.append(step)
 
     @precondition(lambda self: self.stale)
     @rule(data=st.data())
     def report_again(self, data: st.DataObject) -> None:
         step = self.stale[data.draw(st.integers(0, len(self.stale) - 1))]
-        acks = self.run(self.c.dispatch.report(executor_id="e", results=[ok(step, {"late": True})]))
+        acks = self.run(
+            self.c.reporting.report(executor_id="e", results=[ok(step, {"late": True})])
+        )
         assert not acks[0].accepted
 
     @precondition(lambda self: self.held)
@@ -138,7 +141,7 @@ class StoreMachine(RuleBasedStateMachine):
                     .where(steps.c.id == step.id, steps.c.status == "running")
                     .values(lease_expires_at=datetime.now(UTC) - timedelta(minutes=1))
                 )
-            await self.c.dispatch.reap_expired()
+            await self.c.expiry.reap_expired()
 
         self.run(expire())
         self.stale.append(step)
@@ -157,13 +160,13 @@ class StoreMachine(RuleBasedStateMachine):
             return
         task_id, step_id = waiting[data.draw(st.integers(0, len(waiting) - 1))]
         verdict = ResolveInput(task_id=task_id, step_id=step_id, action=action, by="prop")
-        self.run(self.c.tasks.resolve(verdict))
+        self.run(self.c.operator.resolve(verdict))
 
     @precondition(lambda self: self.tasks)
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         task_id = self.tasks[data.draw(st.integers(0, len(self.tasks) - 1))]
-        self.run(self.c.tasks.cancel(task_id))
+        self.run(self.c.operator.cancel(task_id))
 
     @invariant()
     def event_log_is_legal(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from agent_reach.states import IllegalTransitionError, StepStatus, Transition
 from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage import steps
 from agent_reach_controller.storage.records import StepChange
 from tests.integration.stack import components_for, write_tools
@@ -24,11 +24,11 @@ def succeed(step, output: object) -> StepChange:
 
 async def test_stale_row_changes_nothing(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        submitted = await c.tasks.submit(
+        submitted = await c.intake.submit(
             SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY)
         )
-        view = await c.tasks.get(submitted.task_id)
-        [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+        view = await c.queries.get(submitted.task_id)
+        [leased] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         now = datetime.now(UTC)
         async with c.db.transaction() as conn:
             assert await steps.change_steps(conn, [succeed(leased, {"n": 1})], now=now) == {
@@ -37,19 +37,19 @@ async def test_stale_row_changes_nothing(database_url: str, tmp_path: Path) -> N
         async with c.db.transaction() as conn:
             # `leased` still says running/attempt 1, but the row has moved on to succeeded.
             assert await steps.change_steps(conn, [succeed(leased, {"n": 2})], now=now) == set()
-        final = (await c.tasks.get(view.task.task_id)).steps[0]
+        final = (await c.queries.get(view.task.task_id)).steps[0]
         assert final.status is StepStatus.SUCCEEDED
         assert final.output == {"n": 1}
-        kinds = [e.kind for e in await c.tasks.events(view.task.task_id) if e.step_id == "a"]
+        kinds = [e.kind for e in await c.queries.events(view.task.task_id) if e.step_id == "a"]
         assert kinds.count("succeed") == 1
 
 
 async def test_illegal_transition_is_refused_before_sql(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        submitted = await c.tasks.submit(
+        submitted = await c.intake.submit(
             SubmitInput(plan=parse_plan(BODY, c.catalog), request=BODY)
         )
-        view = await c.tasks.get(submitted.task_id)
+        view = await c.queries.get(submitted.task_id)
         ready = view.steps[0]
         async with c.db.transaction() as conn:
             with pytest.raises(IllegalTransitionError):
@@ -64,8 +64,8 @@ async def test_concurrent_transitions_of_one_row_have_one_winner(
         components_for(postgres_url, tools) as one,
         components_for(postgres_url, tools) as two,
     ):
-        await one.tasks.submit(SubmitInput(plan=parse_plan(BODY, one.catalog), request=BODY))
-        [leased] = await one.dispatch.claim(executor_id="x", connectors=["echo"], limit=1)
+        await one.intake.submit(SubmitInput(plan=parse_plan(BODY, one.catalog), request=BODY))
+        [leased] = await one.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
 
         async def attempt(c, output: int) -> set[int]:
             async with c.db.transaction() as conn:
@@ -80,7 +80,7 @@ async def test_concurrent_transitions_of_one_row_have_one_winner(
 async def test_a_claim_never_leases_more_than_its_limit(database_url: str, tmp_path: Path) -> None:
     many = {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(50)]}
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        await c.tasks.submit(SubmitInput(plan=parse_plan(many, c.catalog), request=many))
+        await c.intake.submit(SubmitInput(plan=parse_plan(many, c.catalog), request=many))
         for limit in (1, 2, 7):
-            claimed = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=limit)
+            claimed = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=limit)
             assert len(claimed) == limit

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.rpc.convert import assignment_to_proto
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from tests.integration.stack import TOOLS, components_for, write_tools
 
 NOBODY_RUNS = {
@@ -30,7 +30,7 @@ LONG = {
 
 async def submit(c: Components, steps: list[dict]) -> str:
     body = {"steps": steps}
-    done = await c.tasks.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
     return done.task_id
 
 
@@ -39,7 +39,7 @@ async def sweep_until(c: Components, expected: int, *, within: float = 5.0) -> N
     swept = 0
     while swept < expected:
         assert time.monotonic() < deadline, f"swept {swept} of {expected} steps"
-        swept += await c.dispatch.expire_unstarted()
+        swept += await c.expiry.expire_unstarted()
         await asyncio.sleep(0.02)
 
 
@@ -61,9 +61,9 @@ async def test_a_step_no_executor_takes_goes_to_its_fallback_or_fails(
                 },
             ],
         )
-        assert await c.dispatch.expire_unstarted() == 0  # nothing is late yet
+        assert await c.expiry.expire_unstarted() == 0  # nothing is late yet
         await sweep_until(c, 2)
-        view = await c.tasks.get(task_id)
+        view = await c.queries.get(task_id)
         assert view is not None
         steps = {s.step_id: s for s in view.steps}
         quick = steps["quick"]
@@ -77,7 +77,7 @@ async def test_a_step_no_executor_takes_goes_to_its_fallback_or_fails(
         render = steps["render"]
         assert (render.status.value, render.tool, render.connector) == ("ready", "echo.say", "echo")
         assert render.fallback_from == "gpu.render"
-        [leased] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        [leased] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         assert leased.step_id == "render"
 
 
@@ -97,7 +97,7 @@ async def test_the_assignment_carries_the_steps_timeout_and_the_tools_heartbeat(
                 },
             ],
         )
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         sent = {s.step_id: assignment_to_proto(s, c.catalog["batch.export"]) for s in leased}
         assert (sent["own"].timeout_ms, sent["own"].heartbeat_timeout_ms) == (3_600_000, 15_000)
         assert (sent["short"].timeout_ms, sent["short"].heartbeat_timeout_ms) == (90_000, 5_000)

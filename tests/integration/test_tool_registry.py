@@ -31,7 +31,7 @@ def plan(tool: str = "mail.send", **args: Any) -> dict[str, Any]:
 
 
 async def ended(c: Components, task_id: str) -> Any:
-    view = await c.tasks.get(task_id)
+    view = await c.queries.get(task_id)
     return view.steps[0]
 
 
@@ -53,7 +53,7 @@ async def test_a_tool_created_through_the_api_runs_and_its_history_is_kept(
 
         task = await api.post("/v1/tasks", json=plan())
         assert task.status_code == 202, task.text
-        (leased,) = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        (leased,) = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         assert (leased.tool, leased.tool_version) == ("mail.send", first["version"])
 
         changed = await api.put("/v1/tools/mail.send", json={**MAIL, "timeout": "9s"})
@@ -81,7 +81,7 @@ async def test_a_task_keeps_the_version_it_was_validated_against(
         tighter = {**MAIL, "timeout": "1s"}
         assert (await api.put("/v1/tools/mail.send", json=tighter)).status_code == 200
         after = (await api.post("/v1/tasks", json=plan())).json()["task_id"]
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         by_task = {s.task_id: c.registry.get(s.tool, s.tool_version).timeout for s in leased}
         assert by_task == {before: 5.0, after: 1.0}
 
@@ -95,14 +95,14 @@ async def test_after_a_restart_a_step_of_an_older_version_still_reports(
     async with components_for(database_url, tools) as c, api_client(c) as api:
         assert (await api.post("/v1/tools", json=MAIL)).status_code == 201
         assert (await api.post("/v1/tasks", json=plan())).status_code == 202
-        [step] = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        [step] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         tighter = {**MAIL, "timeout": "1s"}  # a new version; the step keeps its own
         assert (await api.put("/v1/tools/mail.send", json=tighter)).status_code == 200
     async with components_for(database_url, tools) as c:  # a restart: caches start empty
         async with asyncio.timeout(20):
-            acks = await c.dispatch.report(executor_id="x", results=[ok(step, {"sent": 1})])
+            acks = await c.reporting.report(executor_id="x", results=[ok(step, {"sent": 1})])
         assert [a.accepted for a in acks] == [True]
-        assert (await c.tasks.get(step.task_id)).task.status == "succeeded"
+        assert (await c.queries.get(step.task_id)).task.status == "succeeded"
 
 
 async def test_a_disabled_tool_is_refused_at_the_next_dispatch_with_a_receipt(
@@ -114,7 +114,7 @@ async def test_a_disabled_tool_is_refused_at_the_next_dispatch_with_a_receipt(
         off = await api.post("/v1/tools/mail.send:disable")
         assert (off.status_code, off.json()["enabled"]) == (200, False)
 
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5) == []
         step = await ended(c, queued)
         assert (step.status.value, step.error["code"]) == ("failed", "tool_unavailable")
         assert "disabled" in step.error["message"]
@@ -131,7 +131,7 @@ async def test_a_disabled_tool_is_refused_at_the_next_dispatch_with_a_receipt(
 
         assert (await api.post("/v1/tools/mail.send:enable")).json()["enabled"] is True
         runs = (await api.post("/v1/tasks", json=plan())).json()["task_id"]
-        leased = await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5)
+        leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         assert [s.task_id for s in leased] == [runs]
         actions = [
             h["action"] for h in (await api.get("/v1/tools/mail.send/versions")).json()["changes"]
@@ -151,7 +151,7 @@ async def test_disabling_in_one_replica_stops_the_next_claim_in_another(
             queued = (await api.post("/v1/tasks", json=plan())).json()["task_id"]
             assert two.catalog["mail.send"].enabled  # replica two has seen it enabled
             assert (await api.post("/v1/tools/mail.send:disable")).status_code == 200
-        assert await two.dispatch.claim(executor_id="y", connectors=["echo"], limit=5) == []
+        assert await two.leasing.claim(executor_id="y", connectors=["echo"], limit=5) == []
         assert (await ended(two, queued)).error["code"] == "tool_unavailable"
         assert not two.catalog["mail.send"].enabled
 
@@ -177,7 +177,7 @@ async def test_a_submit_to_a_replica_with_a_stale_catalogue_is_checked_against_t
         assert two.registry.revision == one.registry.revision
         ok = await second.post("/v1/tasks", json=plan(to="ann", subject="hi"))
         assert ok.status_code == 202, ok.text
-        view = await two.tasks.get(ok.json()["task_id"])
+        view = await two.queries.get(ok.json()["task_id"])
         assert view.steps[0].tool_version == one.catalog["mail.send"].version
         assert len((await second.get("/v1/tasks")).json()["tasks"]) == 1  # nothing else stored
 
@@ -208,7 +208,7 @@ async def test_a_deleted_tool_ends_its_queued_steps_and_its_versions_stay(
         queued = (await api.post("/v1/tasks", json=plan())).json()["task_id"]
         assert (await api.delete("/v1/tools/mail.send")).status_code == 204
         assert (await api.get("/v1/tools/mail.send")).status_code == 404
-        assert await c.dispatch.claim(executor_id="x", connectors=["echo"], limit=5) == []
+        assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5) == []
         step = await ended(c, queued)
         assert (step.error["code"], "deleted" in step.error["message"]) == (
             "tool_unavailable",

@@ -15,7 +15,7 @@ import pytest
 
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import SubmitInput
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage.wakeups import Notifier, PostgresNotifier, RedisNotifier
 from tests.integration.stack import components_for, write_tools
 
@@ -23,13 +23,13 @@ BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
 
 
 def no_recheck(c: Components) -> None:
-    c.dispatch.timings = replace(c.dispatch.timings, recheck=3600.0, max_poll_wait=3600.0)
+    c.leasing.timings = replace(c.leasing.timings, recheck=3600.0, max_poll_wait=3600.0)
 
 
 async def poll_then_submit(poller: Components, submitter: Components) -> list[Any]:
     no_recheck(poller)
     polling = asyncio.create_task(
-        poller.dispatch.poll(executor_id="p", connectors=["echo"], limit=1, wait=20)
+        poller.leasing.poll(executor_id="p", connectors=["echo"], limit=1, wait=20)
     )
     # The poll found nothing and now waits; only a wake-up can end it before 20 s.
     async with asyncio.timeout(10):
@@ -37,7 +37,7 @@ async def poll_then_submit(poller: Components, submitter: Components) -> list[An
             await asyncio.sleep(0.005)
     assert not polling.done()
     plan = parse_plan(BODY, submitter.catalog)
-    await submitter.tasks.submit(SubmitInput(plan=plan, request=BODY))
+    await submitter.intake.submit(SubmitInput(plan=plan, request=BODY))
     return await asyncio.wait_for(polling, 30)
 
 

@@ -32,17 +32,16 @@ from agent_reach_controller.api.tasks import (
 from agent_reach_controller.api.tasks import router as tasks_router
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.dispatch import QueueFullError
-from agent_reach_controller.services.tasks import (
+from agent_reach_controller.services.admission import QueueFullError
+from agent_reach_controller.services.intake import IdempotencyConflictError
+from agent_reach_controller.services.operator import (
     ApprovalExpiredError,
     EditedArgumentsError,
-    IdempotencyConflictError,
     NotAwaitingApprovalError,
     SelfApprovalError,
-    StepNotFoundError,
     StepNotResolvableError,
-    TaskNotFoundError,
 )
+from agent_reach_controller.services.queries import StepNotFoundError, TaskNotFoundError
 from agent_reach_controller.storage.engine import DATABASE_ERRORS, STORAGE_DOWN
 
 log = logging.getLogger(__name__)

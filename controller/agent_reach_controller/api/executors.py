@@ -158,7 +158,7 @@ async def revoke_token(token_id: str, request: Request, who: Caller) -> Response
             title="No such executor token",
             detail=f"no live database token {token_id!r}",
         )
-    await deps.dispatch.leases.reap_sessions()
+    await deps.leases.reap_sessions()
     return Response(status_code=204)
 
 

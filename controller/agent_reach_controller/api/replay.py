@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
     summary="The task's timeline, and a dry run of its plan on the recorded results",
 )
 async def replay(task_id: str, deps: Deps, who: Caller) -> schemas.ReplayOut:
-    view, events = await deps.tasks.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
+    view, events = await deps.queries.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
     await deps.registry.ensure((s.tool, s.tool_version) for s in view.steps)
     replayed = dry_run(
         view.task,
@@ -63,7 +63,7 @@ async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
     The new task joins the original's trace (its submit span is a child of the original's), so
     both runs read side by side in a trace viewer.
     """
-    view = await deps.tasks.get(task_id, tenant=who.tenant)
+    view = await deps.queries.get(task_id, tenant=who.tenant)
     new_id = new_task_id()
     original = telemetry.task_span_id(task_id)
     with telemetry.span(

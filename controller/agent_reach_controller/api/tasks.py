@@ -23,12 +23,8 @@ from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.tasks import (
-    ApprovalInput,
-    ResolveInput,
-    SubmitInput,
-    Submitted,
-)
+from agent_reach_controller.services.intake import SubmitInput, Submitted
+from agent_reach_controller.services.operator import ApprovalInput, ResolveInput
 from agent_reach_controller.storage.catalog import CatalogChangedError
 
 # Every route here that reads a body reads JSON: any other media type is a 415 (api/media.py).
@@ -119,12 +115,12 @@ async def accept_plan(
         plan, revision = await _validate(deps, who, body)
         per_caller = deps.settings.max_tasks_in_flight_per_principal
         if per_caller is not None:
-            in_flight = await deps.tasks.in_flight(who.tenant, who.name, up_to=per_caller)
+            in_flight = await deps.queries.in_flight(who.tenant, who.name, up_to=per_caller)
             if in_flight >= per_caller:
                 raise TooManyInFlightError(who.name, in_flight, per_caller)
     with (
         telemetry.span(telemetry.STORE, trace_id=to.trace_id, parent_span_id=root),
-        deps.dispatch.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
+        deps.admission.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
     ):
         submit = SubmitInput(
             plan=plan,
@@ -139,11 +135,11 @@ async def accept_plan(
             catalog_revision=revision,
         )
         try:
-            submitted = await deps.tasks.submit(submit)
+            submitted = await deps.intake.submit(submit)
         except CatalogChangedError:  # another replica changed a tool: validate again
             await deps.registry.refresh()
             plan, _ = await _validate(deps, who, body)  # the same body: the same number of steps
-            submitted = await deps.tasks.submit(replace(submit, plan=plan, catalog_revision=None))
+            submitted = await deps.intake.submit(replace(submit, plan=plan, catalog_revision=None))
         admitted.keep = submitted.created
     return submitted, len(plan.steps)
 
@@ -245,7 +241,7 @@ async def submit_task(
             current.set_attribute("agent_reach.idempotent_replay", True)
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
     if wait > 0:
-        view = await deps.tasks.wait(
+        view = await deps.queries.wait(
             submitted.task_id, within=min(wait, deps.settings.max_wait_seconds)
         )
         status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
@@ -259,7 +255,7 @@ async def submit_task(
 
 @router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def get_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
-    view = await deps.tasks.get(task_id, tenant=who.tenant)
+    view = await deps.queries.get(task_id, tenant=who.tenant)
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
@@ -274,7 +270,9 @@ async def list_tasks(
     before: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> schemas.TaskPage:
-    rows = await deps.tasks.list_tasks(tenant=who.tenant, status=status, before=before, limit=limit)
+    rows = await deps.queries.list_tasks(
+        tenant=who.tenant, status=status, before=before, limit=limit
+    )
     return schemas.TaskPage(
         tasks=[schemas.TaskSummary.model_validate(t) for t in rows],
         next_before=rows[-1].task_id if len(rows) == limit else None,
@@ -283,8 +281,8 @@ async def list_tasks(
 
 @router.post("/{task_id}/cancel", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
-    await deps.tasks.check_tenant(task_id, who.tenant)
-    view = await deps.tasks.cancel(
+    await deps.queries.check_tenant(task_id, who.tenant)
+    view = await deps.operator.cancel(
         task_id, reason=f"cancelled by {who.name}", by=(who.name, who.tenant)
     )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
@@ -300,7 +298,7 @@ async def resolve_step(
     task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
     await _require_approver(deps, who, task_id, step_id)
-    view = await deps.tasks.resolve(
+    view = await deps.operator.resolve(
         ResolveInput(
             task_id=task_id,
             step_id=step_id,
@@ -324,7 +322,7 @@ async def decide_step(
     task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
     await _require_approver(deps, who, task_id, step_id)
-    view = await deps.tasks.decide(
+    view = await deps.operator.decide(
         ApprovalInput(
             task_id=task_id,
             step_id=step_id,
@@ -341,7 +339,7 @@ async def decide_step(
 
 async def _require_approver(deps: Components, who: Principal, task_id: str, step_id: str) -> None:
     """404 unless the step is in the caller's tenant; 403 unless it may approve its tool."""
-    step = await deps.tasks.step(task_id, step_id, tenant=who.tenant)
+    step = await deps.queries.step(task_id, step_id, tenant=who.tenant)
     require(deps, who, Action.APPROVE, step.tool)
 
 
@@ -359,11 +357,11 @@ async def task_events(
     after: Annotated[int, Query(ge=0, description="Return events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> Response:
-    await deps.tasks.check_tenant(task_id, who.tenant)
+    await deps.queries.check_tenant(task_id, who.tenant)
     if stream is not None:
         resume = stream.last_event_id
         return events.stream_events(deps, task_id, after=after if resume is None else resume)
-    rows = await deps.tasks.events(task_id, after=after, limit=limit)
+    rows = await deps.queries.events(task_id, after=after, limit=limit)
     page = schemas.EventPage(events=[schemas.EventOut.model_validate(e) for e in rows])
     return JSONResponse(page.model_dump(mode="json"))
 
@@ -377,7 +375,7 @@ async def task_events(
 async def report_usage(
     task_id: str, tokens: schemas.TokensIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    view = await deps.tasks.report_tokens(
+    view = await deps.operator.report_tokens(
         task_id,
         input_tokens=tokens.input_tokens,
         output_tokens=tokens.output_tokens,
@@ -394,7 +392,7 @@ async def report_usage(
     summary="A step's whole output (receipts show a bounded view and point here)",
 )
 async def step_output(task_id: str, step_id: str, deps: Deps, who: Caller) -> schemas.StepOutput:
-    step = await deps.tasks.step(task_id, step_id, tenant=who.tenant)
+    step = await deps.queries.step(task_id, step_id, tenant=who.tenant)
     await deps.registry.ensure([(step.tool, step.tool_version)])
     tool = deps.registry.get(step.tool, step.tool_version)
     return schemas.StepOutput(
@@ -411,7 +409,7 @@ async def step_output(task_id: str, step_id: str, deps: Deps, who: Caller) -> sc
     summary="The task's trace in Jaeger's JSON (the UI's \"Upload JSON\"), from the event log",
 )
 async def task_trace(task_id: str, deps: Deps, who: Caller) -> dict[str, Any]:
-    view, events = await deps.tasks.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
+    view, events = await deps.queries.history(task_id, tenant=who.tenant, up_to=MAX_EVENTS)
     return jaeger_trace(view.task, view.steps, events)
 
 

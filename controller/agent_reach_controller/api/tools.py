@@ -163,7 +163,7 @@ async def list_tools(
 
 @router.get("/breakers", summary="Circuit breaker state of every tool that has one")
 async def tool_breakers(deps: Deps, who: Caller) -> dict[str, Any]:
-    states = await deps.dispatch.tool_health.breaker_states()
+    states = await deps.tool_health.breaker_states()
     return {
         "breakers": {
             name: state

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from agent_reach_controller.api import schemas
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
-from agent_reach_controller.services.tasks import TaskView
+from agent_reach_controller.services.queries import TaskView
 
 
 def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from agent_reach.errors import ErrorCode
-from agent_reach.states import Transition
+from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.decide.outcomes import Decision, terminal_values
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
@@ -39,6 +41,27 @@ def request_values(
         },
         "decide_by": now + ttl,
     }
+
+
+def requests(
+    unblocked: Iterable[StepChange],
+    *,
+    tool_of: Callable[[str, str], ToolSpec],
+    now: datetime,
+    ttl: timedelta,
+) -> list[StepChange]:
+    """The second move of each dangerous step just made ready: it waits for a person instead,
+    and is never offered to an executor until approved (`unblocked`: changes applied)."""
+    return [
+        StepChange(
+            step=replace(c.step, status=StepStatus.READY, **c.values),
+            transition=Transition.REQUIRE_APPROVAL,
+            values=request_values(c.step, c.values["resolved_args"], now=now, ttl=ttl),
+        )
+        for c in unblocked
+        if c.transition is Transition.UNBLOCK
+        and tool_of(c.step.tool, c.step.tool_version).risk == "dangerous"
+    ]
 
 
 def mismatch(step: StepRow) -> str | None:

@@ -25,8 +25,10 @@ from agent_reach_controller.rpc.convert import (
     result_from_proto,
     to_ms,
 )
-from agent_reach_controller.services.dispatch import DispatchService
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.leasing import LeasingService
 from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.reporting import ReportingService
 from agent_reach_controller.services.sessions import (
     Announcement,
     Session,
@@ -54,7 +56,7 @@ def _guarded(method: Handler) -> Handler:
         try:
             return await method(self, request, context)
         except Refused as exc:
-            self._dispatch.metrics.auth_failed(exc.reason)
+            self._leasing.metrics.auth_failed(exc.reason)
             log.warning(
                 "%s refused (%s) from %s: %s",
                 method.__name__,
@@ -65,10 +67,10 @@ def _guarded(method: Handler) -> Handler:
             )
             await context.abort(exc.code, exc.detail)
         except SessionEndedError as exc:
-            self._dispatch.metrics.auth_failed("session_ended")
+            self._leasing.metrics.auth_failed("session_ended")
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except STORAGE_DOWN as exc:
-            self._dispatch.leases.storage_down()
+            self._leasing.leases.storage_down()
             log.warning(
                 "%s: storage unavailable (%s)",
                 method.__name__,
@@ -120,7 +122,7 @@ class Authenticated:
 
 
 class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
-    """Translates the wire protocol to DispatchService calls; holds no state of its own.
+    """Translates the wire protocol to leasing and reporting calls; holds no state of its own.
 
     Every call is authenticated (see the proto's header): a pool token in the metadata, or a
     client certificate when mutual TLS maps certificates to pools; then, past Register, the
@@ -131,18 +133,15 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
     def __init__(
         self,
         *,
-        dispatch: DispatchService,
-        registry: ToolRegistry,
-        pools: PoolTokenService,
+        parts: Components,
         auth: str = "token",
         peer_pool: PeerPool | None = None,
     ) -> None:
-        if dispatch.sessions is None:
-            raise ValueError("the executor service needs executor sessions (Guards.sessions)")
-        self._dispatch = dispatch
-        self._registry = registry
-        self._pools = pools
-        self._sessions: SessionService = dispatch.sessions
+        self._leasing: LeasingService = parts.leasing
+        self._reporting: ReportingService = parts.reporting
+        self._registry: ToolRegistry = parts.registry
+        self._pools: PoolTokenService = parts.pools
+        self._sessions: SessionService = parts.sessions
         self._auth = auth
         self._peer_pool = peer_pool
 
@@ -246,7 +245,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         return pb.RegisterResponse(
             lease_ms=lease_ms,
             heartbeat_interval_ms=max(100, lease_ms // 4),
-            max_poll_wait_ms=int(self._dispatch.timings.max_poll_wait * 1000),
+            max_poll_wait_ms=int(self._leasing.timings.max_poll_wait * 1000),
             session=credential,
             session_id=session.id,
             pool=scope.pool,
@@ -257,7 +256,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         caller = await self._caller(request, context)
         session = caller.session
         connectors = self._connectors(session, request.connectors)
-        claimed = await self._dispatch.poll(
+        claimed = await self._leasing.poll(
             executor_id=session.id,
             connectors=connectors,
             limit=min(max(request.max_steps, 0), MAX_BATCH),
@@ -284,7 +283,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         caller = await self._caller(request, context)
         leases, forged = caller.splits(request.leases[: MAX_BATCH * 10])
-        outcome = await self._dispatch.heartbeat(
+        outcome = await self._leasing.heartbeat(
             executor_id=caller.session.id,
             leases=leases,
             session=caller.session,
@@ -315,7 +314,9 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             results = [
                 replace(r, lease_token=session.lease_token(r.step_key, r.attempt)) for r in results
             ]
-        acks = await self._dispatch.report(executor_id=session.id, results=results, session=session)
+        acks = await self._reporting.report(
+            executor_id=session.id, results=results, session=session
+        )
         tokens = {(r.lease.step_key, r.lease.attempt): r.lease.token for r in request.results}
         return pb.ReportResultsResponse(
             acks=[

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from agent_reach.states import TERMINAL_TASK_STATES, TaskStatus
-from agent_reach_controller.services.tasks import TaskNotFoundError
+from agent_reach_controller.services.queries import TaskNotFoundError
 from agent_reach_controller.storage import feed as store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.records import EventRow

@@ -30,7 +30,7 @@ from agent_reach_controller.storage.records import StepChange, StepRow
 log = logging.getLogger(__name__)
 
 Decide = Callable[[StepRow, Decision], StepChange]
-# DispatchService._settle: decide the steps still `due` once their tasks are locked, and advance.
+# UnitOfWork.settle: decide the steps still `due` once their tasks are locked, and advance.
 Settle = Callable[..., Awaitable[int]]
 
 

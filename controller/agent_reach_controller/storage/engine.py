@@ -22,6 +22,7 @@ Connection = AsyncConnection
 TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 _AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
+_ON_COMMIT = f"{TX_STATE_PREFIX}on_commit"
 # Kept for the life of the pooled connection (its `info` is per DBAPI connection).
 _DRIVER = "agent_reach.driver"
 # What a hook may hand back: called once the pipeline has been answered, still before COMMIT;
@@ -47,6 +48,12 @@ def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
     """Call `done()` once this transaction has committed (never if it rolls back or the commit
     fails): for what must count only what really happened, such as metrics."""
     conn.info.setdefault(_AFTER_COMMIT, []).append(done)
+
+
+def on_commit(conn: AsyncConnection, then: AfterCommit) -> None:
+    """Await `then()` once this transaction has committed (never after a rollback), outside
+    SQLite's writer lock: for what tells the world about the change, such as wake-ups."""
+    conn.info.setdefault(_ON_COMMIT, []).append(then)
 
 
 def normalize_url(url: str) -> str:
@@ -179,7 +186,8 @@ class Database:
 
         Callbacks registered with `before_commit` run, in order, just before a successful
         commit (batched writes such as the event log use it); observers (`observe_commits`)
-        run before them, and what they return after the commit, after the `after_commit` ones.
+        run before them, and what they return after the commit, after the `after_commit` ones
+        and with the `on_commit` ones.
         """
         committed: list[AfterCommit] = []
         async with self._lock or contextlib.nullcontext(), self._begin() as conn:
@@ -209,6 +217,7 @@ class Database:
                 for check in checks:
                     await check()
                 finished = list(info.get(_AFTER_COMMIT, ()))
+                committed += info.get(_ON_COMMIT, ())
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
                     del info[key]

@@ -27,7 +27,12 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, AfterCommit, before_commit
+from agent_reach_controller.storage.engine import (
+    TX_STATE_PREFIX,
+    AfterCommit,
+    before_commit,
+    on_commit,
+)
 from agent_reach_controller.storage.steps import tasks_with_events
 
 log = logging.getLogger(__name__)
@@ -156,6 +161,24 @@ class Notifier:
             events=frozenset(events),
             follows=frozenset(follows),
         )
+
+    async def announce(
+        self,
+        conn: AsyncConnection,
+        *,
+        connectors: Iterable[str] = (),
+        tasks: Iterable[str] = (),
+        follows: Iterable[str] = (),
+    ) -> None:
+        """Tell every replica, once `conn`'s transaction commits, what it changed: pollers of
+        these connectors, waiters on these tasks (nothing is told if it rolls back)."""
+        wake = await self.publish(conn, connectors=connectors, tasks=tasks, follows=follows)
+        if wake.connectors or wake.tasks or wake.follows:
+
+            async def committed() -> None:
+                await self.after_commit(wake)
+
+            on_commit(conn, committed)
 
     async def after_commit(self, wake: Wake) -> None:
         """Wake local waiters for a committed change."""

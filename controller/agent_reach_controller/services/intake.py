@@ -1,0 +1,226 @@
+"""Intake: a validated plan becomes a task, its steps, its first events and an audit row, in one
+transaction (on Postgres one pipelined round trip and one commit, guards included).
+
+An Idempotency-Key makes a submit safe to send again: the key is claimed with the task, so of
+concurrent submits with one key exactly one creates the task and the others answer it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
+from agent_reach.states import StepStatus, TaskStatus
+from agent_reach_controller.planning.plan import Plan
+from agent_reach_controller.services.queries import read_view
+from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.unit_of_work import UnitOfWork
+from agent_reach_controller.storage import catalog
+from agent_reach_controller.storage import steps as store
+
+
+class IdempotencyConflictError(Exception):
+    """The Idempotency-Key was already used with a different request body."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"Idempotency-Key already used for task {task_id} with a different body")
+        self.task_id = task_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitInput:
+    plan: Plan
+    request: dict[str, Any]
+    principal: str = "anonymous"
+    tenant: str = "default"
+    key_id: str | None = None  # the API key that submitted it, checked again at dispatch
+    idempotency_key: str | None = None
+    trace_id: str | None = None
+    parent_span_id: str | None = None
+    task_id: str | None = None  # chosen by the caller (the API names its spans after it)
+    # The catalogue revision the plan was validated against: if another replica changed the
+    # catalogue since, the submit stores nothing and raises CatalogChangedError.
+    catalog_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submitted:
+    """The answer to a submit: which task, and whether this call created it."""
+
+    task_id: str
+    trace_id: str
+    status: TaskStatus
+    created: bool
+
+
+def request_hash(body: Any) -> str:
+    """A stable fingerprint of a request body (key order and spacing do not matter)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# How many times a submit retries when the first holder of its Idempotency-Key vanishes between
+# the conflict and the look-up (only if the key's record is deleted meanwhile).
+_KEY_RACES = 3
+
+
+class IntakeService:
+    """Creates tasks from validated plans."""
+
+    def __init__(self, *, work: UnitOfWork) -> None:
+        self._work = work
+
+    async def submit(self, data: SubmitInput) -> Submitted:
+        """Persist a validated plan and make its first steps ready, in one transaction.
+
+        With an Idempotency-Key another submit already holds, nothing is stored and the task
+        of that first submit is answered (or IdempotencyConflictError for another body).
+        """
+        for _ in range(_KEY_RACES):
+            try:
+                return await self._create(data)
+            except store.KeyTakenError:
+                pass
+            replayed = await self._replay(data)
+            if replayed is not None:
+                return replayed
+        raise RuntimeError("an Idempotency-Key kept appearing and vanishing")  # pragma: no cover
+
+    async def _replay(self, data: SubmitInput) -> Submitted | None:
+        """The first submit's task for a key already used (None if that record is gone)."""
+        assert data.idempotency_key is not None
+        async with self._work.db.transaction() as conn:
+            stored = await store.load_idempotency_key(conn, data.principal, data.idempotency_key)
+            if stored is None:
+                return None
+            stored_hash, stored_task = stored
+            if stored_hash != request_hash(data.request):
+                raise IdempotencyConflictError(stored_task)
+            existing = await read_view(conn, stored_task)
+        return Submitted(
+            task_id=stored_task,
+            trace_id=existing.task.trace_id,
+            status=existing.task.status,
+            created=False,
+        )
+
+    async def _create(self, data: SubmitInput) -> Submitted:
+        task_id = data.task_id or new_task_id()
+        async with self._work.begin() as tx:
+            now, conn = tx.now, tx.conn
+            if data.idempotency_key is not None:
+                await store.claim_idempotency_key(
+                    conn,
+                    {
+                        "principal": data.principal,
+                        "key": data.idempotency_key,
+                        "request_hash": request_hash(data.request),
+                        "task_id": task_id,
+                        "created_at": now,
+                    },
+                )
+            if data.catalog_revision is not None:
+                await catalog.expect_revision(conn, data.catalog_revision)
+            trace_id = data.trace_id or new_trace_id()
+            await store.append_events(
+                conn,
+                [
+                    store.NewEvent(
+                        task_id=task_id,
+                        kind="task_created",
+                        to_status=TaskStatus.PENDING,
+                        data={
+                            "goal": data.plan.goal,
+                            "source": data.plan.source,
+                            "steps": len(data.plan.steps),
+                            "principal": data.principal,
+                            "tenant": data.tenant,
+                        },
+                        created_at=now,
+                    )
+                ],
+            )
+            await tx.audit(
+                actor=data.principal,
+                tenant=data.tenant,
+                action="task.submit",
+                target=f"task:{task_id}",
+                data={"steps": len(data.plan.steps), "source": data.plan.source},
+            )
+            advanced = await tx.create(
+                store.NewTask(
+                    _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
+                    _step_rows(data, task_id, trace_id, now, self._work.registry),
+                )
+            )
+        return Submitted(
+            task_id=task_id,
+            trace_id=trace_id,
+            status=advanced.task_status.get(task_id, TaskStatus.PENDING),
+            created=True,
+        )
+
+
+def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "trace_id": trace_id,
+        "parent_span_id": data.parent_span_id,
+        "status": TaskStatus.PENDING,
+        "principal": data.principal,
+        "tenant": data.tenant,
+        "goal": data.plan.goal,
+        "source": data.plan.source,
+        "request": data.request,
+        "context": data.plan.context,
+        "cancel_requested": False,
+        "version": 1,
+        "created_at": now,
+        "updated_at": now,
+        "finished_at": None,
+        "deadline": now + timedelta(seconds=data.plan.deadline_s) if data.plan.deadline_s else None,
+        "max_attempts": data.plan.max_attempts,
+        "caps": data.plan.caps,
+    }
+
+
+def _step_rows(
+    data: SubmitInput, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
+) -> list[dict[str, Any]]:
+    rows = []
+    for step in data.plan.steps:
+        tool = registry.get(step.tool, step.tool_version)
+        rows.append(
+            {
+                "task_id": task_id,
+                "step_id": step.step_id,
+                "position": step.position,
+                "trace_id": trace_id,
+                "tool": step.tool,
+                "tool_version": step.tool_version,
+                "connector": tool.connector,
+                "args": step.args,
+                "depends_on": list(step.depends_on),
+                "when_expr": step.when,
+                "status": StepStatus.BLOCKED,
+                "priority": step.priority,
+                "tenant": data.tenant,
+                "key_id": data.key_id,
+                "attempt": 1,
+                "max_attempts": (step.retry or tool.retry).maximum_attempts,
+                "retry": step.retry.model_dump(mode="json") if step.retry else None,
+                "timeouts": (
+                    step.timeouts.model_dump(mode="json", exclude_none=True)
+                    if step.timeouts
+                    else None
+                ),
+                "idempotency_key": step_idempotency_key(task_id, step.step_id),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+    return rows

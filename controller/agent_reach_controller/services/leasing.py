@@ -1,0 +1,363 @@
+"""Leasing: executors long-poll for ready steps and are handed leases, within every rule.
+
+A claim for tools nobody governs is one statement; paused tools, concurrency caps and rate limits
+each add at most one. A leased step that may not run after all (its tool withdrawn, its approval
+not for these arguments, its submitter's key revoked, its cap spent) is ended with a receipt
+instead of being handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import StepStatus
+from agent_reach_controller.decide import approvals
+from agent_reach_controller.decide.outcomes import not_permitted
+from agent_reach_controller.decide.ratelimits import Rate, bucket_key
+from agent_reach_controller.metrics import ControllerMetrics
+from agent_reach_controller.services.caps import CapService, TenantCapsLookup
+from agent_reach_controller.services.leases import HeartbeatOutcome, LeaseKeeper
+from agent_reach_controller.services.limiter import RateLimiter
+from agent_reach_controller.services.sessions import Session
+from agent_reach_controller.services.tool_health import ToolHealth
+from agent_reach_controller.services.unit_of_work import UnitOfWork
+from agent_reach_controller.storage import claims, flow, steps
+from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.records import StepRow
+from agent_reach_controller.storage.wakeups import ready_key
+from agent_reach_controller.tools.catalog import ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTimings:
+    # How long a lease outlives its holder's last heartbeat: an executor session's liveness.
+    lease: timedelta = timedelta(seconds=30)
+    max_poll_wait: float = 20.0
+    # Upper bound on a poller's sleep between checks when no wake-up arrives (a safety net).
+    recheck: float = 2.0
+
+
+class GrantCheck(Protocol):
+    async def refusal(self, key_id: str | None, tool: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Guards:
+    """What leasing asks besides the queue: rate-limit buckets, whether submitters still may,
+    and each tenant's caps on side effects (`services/caps.py`)."""
+
+    limiter: RateLimiter
+    grants: GrantCheck | None = None
+    tenant_caps: TenantCapsLookup | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Governance:
+    """What limits a claim: paused tools, caps per tool and per key value, rate limits."""
+
+    pauses: dict[str, datetime]
+    caps: dict[str, int]
+    per_key: dict[str, int]
+    rates: dict[str, Rate]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.pauses or self.caps or self.per_key or self.rates)
+
+
+class LeasingService:
+    """The executor's side of taking work: poll, claim, heartbeat. Safe in every replica."""
+
+    def __init__(
+        self,
+        *,
+        work: UnitOfWork,
+        timings: LeaseTimings,
+        guards: Guards,
+        leases: LeaseKeeper,
+        tool_health: ToolHealth,
+    ) -> None:
+        self._work = work
+        self._db = work.db
+        self._registry = work.registry
+        self._notifier = work.notifier
+        self.metrics: ControllerMetrics = work.metrics
+        self.timings = timings
+        self._guards = guards
+        self.leases = leases
+        self.tool_health = tool_health
+        self.effect_caps = CapService(
+            db=work.db, registry=work.registry, tenant_caps=guards.tenant_caps
+        )
+
+    async def claim(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None = None,
+        poll_seq: int = 0,
+    ) -> list[StepRow]:
+        """Lease up to `limit` ready steps now; empty when there are none."""
+        claimed, _ = await self._claim(
+            executor_id=executor_id,
+            connectors=connectors,
+            limit=limit,
+            session=session,
+            poll_seq=poll_seq,
+        )
+        return claimed
+
+    def _claim_input(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None,
+        poll_seq: int,
+    ) -> claims.ClaimInput:
+        now = datetime.now(UTC)
+        if session is None:
+            return claims.ClaimInput(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                now=now,
+                lease_expires_at=now + self.timings.lease,
+            )
+        scope = session.scope
+        return claims.ClaimInput(
+            executor_id=session.id,
+            connectors=connectors,
+            limit=limit,
+            now=now,
+            lease_expires_at=None,  # the session's liveness is the lease's
+            exclude_tools=[
+                t.name
+                for t in self._registry.catalog.values()
+                if t.connector in connectors and not scope.allows_tool(t.name)
+            ],
+            tenant=scope.tenant,
+            lease_seq=poll_seq or None,
+            executor=session.executor_id,
+        )
+
+    async def _claim(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None = None,
+        poll_seq: int = 0,
+    ) -> tuple[list[StepRow], datetime | None]:
+        """One transaction: lease what is ready, or say when the next deferred step is due.
+
+        A session that ended leases nothing (its heartbeat tells it to register again).
+        """
+        if limit <= 0 or not connectors:
+            return [], None
+        async with self._db.transaction() as conn:
+            # A tool disabled or paused a moment ago is refused now: both read in one go.
+            revision, active = await flow.revision_and_pauses(conn, now=datetime.now(UTC))
+            await self._registry.refresh(conn, revision=revision)
+            claim = self._claim_input(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                session=session,
+                poll_seq=poll_seq,
+            )
+            now = claim.now
+            rules = await self._governance(conn, connectors, now, pauses=active)
+            if rules.active:
+                claimed = await self._claim_governed(conn, claim, rules)
+            else:
+                claimed = await claims.claim_ready(conn, claim)
+            if not claimed:
+                due = await claims.next_due(conn, connectors, now=now)
+                paused = rules.pauses.values()
+                return [], min([due, *paused] if due else paused, default=None)
+            await steps.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+            await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
+        claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
+        self.metrics.leased(claimed, now=now)
+        return claimed, None
+
+    async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
+        """End, instead of handing out, leased steps that may not run after all.
+
+        A dangerous step needs an approval that is for this step, this tool version and these
+        exact arguments; a submitter's key must still be live and granted the tool; the rest are
+        charged against their caps, once per step. Checked after the lease commits (refusals are
+        rare); if this replica dies in between, the lease expires and the next claim checks again.
+        """
+        await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
+        refused: dict[int, tuple[str, ErrorCode]] = {}
+        for step in claimed:
+            reason = _withdrawn(self._registry.catalog.get(step.tool), step.tool)
+            if reason is not None:
+                refused[step.id] = (reason, ErrorCode.TOOL_UNAVAILABLE)
+                continue
+            if self._registry.get(step.tool, step.tool_version).risk == "dangerous":
+                reason = approvals.mismatch(step)
+            if reason is None and self._guards.grants is not None:
+                reason = await self._guards.grants.refusal(step.key_id, step.tool)
+            if reason is not None:
+                refused[step.id] = (reason, ErrorCode.FORBIDDEN)
+        refused |= await self.effect_caps.charge([s for s in claimed if s.id not in refused])
+        if not refused:
+            return claimed
+        await self._work.settle(
+            list(refused),
+            now=datetime.now(UTC),
+            due=lambda s: (
+                s.status is StepStatus.RUNNING and s.lease_owner == executor_id and s.id in refused
+            ),
+            decide=lambda s, ctx: not_permitted(s, ctx, *refused[s.id]),
+        )
+        log.warning(
+            "%d leased steps were not run: tool withdrawn, not approved, not permitted, or capped",
+            len(refused),
+            extra={"event": "step_forbidden"},
+        )
+        return [s for s in claimed if s.id not in refused]
+
+    async def _governance(
+        self,
+        conn: Connection,
+        connectors: Sequence[str],
+        now: datetime,
+        *,
+        pauses: dict[str, datetime] | None = None,
+    ) -> Governance:
+        """What limits the next lease of these connectors' tools (`pauses`: every pause in
+        force, if just read)."""
+        tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
+        return Governance(
+            pauses=await self.tool_health.pauses(conn, connectors, now, active=pauses),
+            caps=await self.tool_health.caps(conn, connectors, now),
+            per_key={t.name: t.concurrency_per_key.limit for t in tools if t.concurrency_per_key},
+            rates={t.name: Rate.of(t.rate_limit) for t in tools if t.rate_limit is not None},
+        )
+
+    async def _claim_governed(
+        self, conn: Connection, claim: claims.ClaimInput, rules: Governance
+    ) -> list[StepRow]:
+        """Lease within concurrency caps and rate limits; defer steps a bucket refuses.
+
+        A refused step gets a durable `not_before` at the time its bucket will admit it (the
+        n-th refused step of a bucket one interval later than the (n-1)-th), so it waits in
+        the queue without holding an executor slot, and pollers wake when it is due. A step
+        whose tool or key is at its cap stays queued, and a finishing step wakes the pollers.
+        """
+        free, free_keys = await claims.room(conn, rules.caps, rules.per_key)
+        skip = sorted({*rules.pauses, *(tool for tool, left in free.items() if left <= 0)})
+        full_keys = sorted(key for key, left in free_keys.items() if left <= 0)
+        picked: list[int] = []
+        limited: list[tuple[int, str, Rate]] = []
+        candidates = await claims.pick_ready(conn, claim, skip_tools=skip, skip_keys=full_keys)
+        for candidate in candidates:
+            tool = candidate.tool
+            if free.get(tool, 1) <= 0:
+                continue
+            held = claims.held_key(tool, candidate.concurrency_key)
+            if tool in rules.per_key and free_keys.get(held, rules.per_key[tool]) <= 0:
+                continue
+            if tool in free:
+                free[tool] -= 1
+            if tool in rules.per_key:
+                free_keys[held] = free_keys.get(held, rules.per_key[tool]) - 1
+            rate = rules.rates.get(tool)
+            if rate is None:
+                picked.append(candidate.key)
+            else:
+                limited.append((candidate.key, bucket_key(tool, candidate.rate_key), rate))
+        if limited:
+            waits = await self._guards.limiter.acquire(
+                conn, [(bucket, rate) for _, bucket, rate in limited], claim.now.timestamp()
+            )
+            behind: Counter[str] = Counter()
+            deferred: dict[int, datetime] = {}
+            for (key, bucket, rate), wait in zip(limited, waits, strict=True):
+                if wait <= 0:
+                    picked.append(key)
+                    continue
+                later = wait + behind[bucket] * rate.interval
+                behind[bucket] += 1
+                deferred[key] = claim.now + timedelta(seconds=later)
+            await claims.defer_steps(conn, deferred)
+            self.metrics.rate_limited(conn, [c.tool for c in candidates if c.key in deferred])
+        return await claims.lease_steps(conn, picked, claim)
+
+    async def poll(
+        self,
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        wait: float,
+        session: Session | None = None,
+        poll_seq: int = 0,
+    ) -> list[StepRow]:
+        """Claim, waiting up to `wait` seconds for a step to become ready or due."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
+        keys = [ready_key(c) for c in connectors]
+        while True:
+            since = self._notifier.snapshot(keys)
+            claimed, due = await self._claim(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                session=session,
+                poll_seq=poll_seq,
+            )
+            remaining = deadline - loop.time()
+            if claimed or remaining <= 0:
+                return claimed
+            pause = min(remaining, self.timings.recheck)
+            if due is not None:
+                pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
+            await self._notifier.wait(keys, since, within=pause)
+
+    async def heartbeat(
+        self,
+        *,
+        executor_id: str,
+        leases: Sequence[tuple[int, int]],
+        session: Session | None = None,
+        forged: Sequence[tuple[int, int]] = (),
+        polls_completed: int = 0,
+    ) -> HeartbeatOutcome:
+        """Extend the caller's leases; say which were cancelled and which it no longer holds
+        (see LeaseKeeper: a session keeps all its leases with one write)."""
+        if session is None:
+            return await self.leases.extend(
+                holder=executor_id,
+                leases=leases,
+                expires=datetime.now(UTC) + self.timings.lease,
+            )
+        return await self.leases.heartbeat(
+            session=session, leases=leases, forged=forged, polls_completed=polls_completed
+        )
+
+
+def _withdrawn(live: ToolSpec | None, name: str) -> str | None:
+    """Why a step's tool may no longer run at all: deleted or disabled since it was submitted."""
+    if live is None:
+        return f"tool {name!r} was deleted from the catalogue; the step did not run"
+    if not live.enabled:
+        return f"tool {name!r} is disabled; the step did not run"
+    return None

@@ -1,0 +1,248 @@
+"""What people do to tasks already running: cancel them, resolve a step whose outcome is
+unknown, approve or reject a dangerous step, and report the model tokens a task used.
+
+Each action is one unit of work: the task locked, the decided change applied, the task advanced,
+an audit row naming who acted, and wake-ups once committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from agent_reach.errors import ErrorCode
+from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepStatus, Transition
+from agent_reach_controller.decide import approvals
+from agent_reach_controller.decide.outcomes import decide_resolution, terminal_values
+from agent_reach_controller.planning.plan import validate_resolved_args
+from agent_reach_controller.services.queries import (
+    StepNotFoundError,
+    TaskNotFoundError,
+    TaskView,
+    read_view,
+)
+from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage.records import StepChange, StepRow
+
+
+class StepNotResolvableError(Exception):
+    """Only a step in `outcome_unknown` can be resolved by an operator."""
+
+    def __init__(self, step_id: str, status: str) -> None:
+        super().__init__(f"step {step_id!r} is {status}; only outcome_unknown steps are resolved")
+        self.status = status
+
+
+class NotAwaitingApprovalError(Exception):
+    """Only a step waiting for approval can be approved or rejected."""
+
+    def __init__(self, step_id: str, status: str) -> None:
+        super().__init__(f"step {step_id!r} is {status}; only awaiting_approval steps are decided")
+
+
+class ApprovalExpiredError(Exception):
+    """The approval was not given in time; the step is (or is about to be) rejected."""
+
+
+class SelfApprovalError(Exception):
+    """Separation of duties: whoever submitted a task may not approve its steps."""
+
+
+class EditedArgumentsError(Exception):
+    """Edited arguments do not fit the tool's input schema; `problems` says where."""
+
+    def __init__(self, problems: list[Any]) -> None:
+        super().__init__("the edited arguments are invalid")
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalInput:
+    """A person's decision on a dangerous step."""
+
+    task_id: str
+    step_id: str
+    approve: bool
+    by: str
+    tenant: str
+    reason: str = ""
+    args: dict[str, Any] | None = None  # edited arguments, replacing the resolved ones
+    separation_of_duties: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolveInput:
+    """An operator's verdict on a step whose outcome is unknown."""
+
+    task_id: str
+    step_id: str
+    action: str  # retry | succeeded | failed
+    by: str
+    reason: str = ""
+    output: Any = None
+    tenant: str | None = None
+
+
+class OperatorService:
+    """Cancel, resolve, approve or reject; each under the task's lock, audited."""
+
+    def __init__(self, *, work: UnitOfWork) -> None:
+        self._work = work
+
+    async def cancel(
+        self,
+        task_id: str,
+        *,
+        reason: str = "cancelled by request",
+        by: tuple[str, str] | None = None,
+    ) -> TaskView:
+        """Cancel every step not yet finished; running ones learn it from their heartbeat.
+
+        `by` is the (principal, tenant) who asked, recorded in the audit log.
+        """
+        error = {"code": ErrorCode.CANCELLED.value, "message": reason, "retryable": False}
+        return await self.end(task_id, error=error, by=by)
+
+    async def end(
+        self, task_id: str, *, error: dict[str, Any], by: tuple[str, str] | None = None
+    ) -> TaskView:
+        """Cancel what is left of a task with `error` as every unfinished step's receipt."""
+        async with self._work.begin() as tx:
+            task = await tx.lock_task(task_id)
+            if task is None:
+                raise TaskNotFoundError(task_id)
+            if by is not None:
+                await tx.audit(
+                    actor=by[0],
+                    tenant=by[1],
+                    action="task.cancel",
+                    target=f"task:{task_id}",
+                    data={"status": task.status.value},
+                )
+            if task.status not in TERMINAL_TASK_STATES:
+                await tx.request_cancel(task)
+                await tx.change(
+                    [
+                        StepChange(
+                            step=step,
+                            transition=Transition.CANCEL,
+                            values=terminal_values(
+                                step,
+                                tool=tx.tool(step),
+                                transition=Transition.CANCEL,
+                                now=tx.now,
+                                error=error,
+                            ),
+                        )
+                        for step in await tx.steps_of(task_id)
+                        if step.status not in TERMINAL_STEP_STATES
+                    ]
+                )
+                await tx.advance()
+            return await read_view(tx.conn, task_id)
+
+    async def resolve(self, data: ResolveInput) -> TaskView:
+        """Apply an operator's verdict; the event log records who decided and why."""
+        async with self._work.begin() as tx:
+            if await tx.lock_task(data.task_id) is None:
+                raise TaskNotFoundError(data.task_id)
+            step = await _step_of(tx, data.task_id, data.step_id)
+            if step.status is not StepStatus.OUTCOME_UNKNOWN:
+                raise StepNotResolvableError(step.step_id, step.status.value)
+            change = decide_resolution(
+                step,
+                action=data.action,
+                tool=tx.tool(step),
+                now=tx.now,
+                output=data.output,
+                reason=data.reason,
+            )
+            verdict = {"by": data.by, "reason": data.reason, "action": data.action}
+            await tx.change([replace(change, event_data=verdict)])
+            await tx.audit(
+                actor=data.by,
+                tenant=data.tenant,
+                action="step.resolve",
+                target=f"task:{data.task_id}/step:{data.step_id}",
+                data={"action": data.action, "reason": data.reason[:500]},
+            )
+            if data.action == "retry":
+                tx.wake(connectors=[step.connector])
+            await tx.advance()
+            return await read_view(tx.conn, data.task_id)
+
+    async def decide(self, data: ApprovalInput) -> TaskView:
+        """Approve (perhaps with edited arguments) or reject a step waiting for approval."""
+        async with self._work.begin() as tx:
+            task = await tx.lock_task(data.task_id)
+            if task is None or task.tenant != data.tenant:
+                raise TaskNotFoundError(data.task_id)
+            step = await _step_of(tx, data.task_id, data.step_id)
+            if step.status is not StepStatus.AWAITING_APPROVAL:
+                raise NotAwaitingApprovalError(step.step_id, step.status.value)
+            if data.separation_of_duties and task.principal == data.by:
+                raise SelfApprovalError(
+                    f"{data.by} submitted this task and may not also approve its steps"
+                )
+            if step.decide_by is not None and step.decide_by < tx.now:
+                raise ApprovalExpiredError(f"the approval of step {step.step_id!r} has expired")
+            tool = tx.tool(step)
+            if data.args is not None and (problems := validate_resolved_args(tool, data.args)):
+                raise EditedArgumentsError(problems)
+            change = approvals.decided(
+                step,
+                tool,
+                approve=data.approve,
+                by=data.by,
+                reason=data.reason,
+                now=tx.now,
+                args=data.args,
+            )
+            await tx.change([change])
+            await tx.audit(
+                actor=data.by,
+                tenant=data.tenant,
+                action="approval.approve" if data.approve else "approval.reject",
+                target=f"task:{data.task_id}/step:{data.step_id}",
+                data={"reason": data.reason[:500], "edited": "resolved_args" in change.values},
+            )
+            if data.approve:
+                tx.wake(connectors=[step.connector])
+            await tx.advance()
+            return await read_view(tx.conn, data.task_id)
+
+    async def report_tokens(
+        self, task_id: str, *, input_tokens: int, output_tokens: int, actor: str, tenant: str
+    ) -> TaskView:
+        """Add model tokens the caller spent on a task (any state; tasks are billed after too)."""
+        async with self._work.begin() as tx:
+            task = await store.load_task(tx.conn, task_id)
+            if task is None or task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            await store.add_token_usage(
+                tx.conn, task_id, input_tokens=input_tokens, output_tokens=output_tokens, now=tx.now
+            )
+            await tx.audit(
+                actor=actor,
+                tenant=tenant,
+                action="task.usage",
+                target=f"task:{task_id}",
+                data={"input_tokens": input_tokens, "output_tokens": output_tokens},
+            )
+            return await read_view(tx.conn, task_id)
+
+
+async def _step_of(tx: TaskWork, task_id: str, step_id: str) -> StepRow:
+    """One step of a locked task, with its tool version loaded; StepNotFoundError if none."""
+    found = [s for s in await tx.steps_of(task_id) if s.step_id == step_id]
+    if not found:
+        raise StepNotFoundError(step_id)
+    return found[0]
+
+
+def deadline_error(deadline: datetime) -> dict[str, Any]:
+    """The receipt of a step ended because its task's deadline passed."""
+    message = f"the task's deadline ({deadline.isoformat(timespec='seconds')}) passed"
+    return {"code": ErrorCode.DEADLINE_EXCEEDED.value, "message": message, "retryable": False}

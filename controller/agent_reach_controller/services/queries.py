@@ -1,0 +1,134 @@
+"""Reading tasks: one task with its steps, lists, a step, the event log, waiting for the end.
+
+Nothing here changes a task (operator actions and usage reports are in `operator.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from agent_reach.states import TERMINAL_TASK_STATES
+from agent_reach_controller.services.caps import task_usage
+from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
+from agent_reach_controller.storage.wakeups import Notifier, task_key
+
+
+class TaskNotFoundError(LookupError):
+    """No task with that id (for this principal)."""
+
+
+class StepNotFoundError(LookupError):
+    """No step with that id in the task."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskView:
+    task: TaskRow
+    steps: list[StepRow]
+    usage: dict[str, float] | None = None  # what the task used of each capped class
+    tool_calls: int = 0  # attempts handed to executors so far
+
+
+async def read_view(conn: Connection, task_id: str) -> TaskView:
+    """The task, its steps, what it used of its caps and how many tool calls it made."""
+    task = await store.load_task(conn, task_id)
+    if task is None:
+        raise TaskNotFoundError(task_id)
+    steps = await store.load_steps(conn, [task_id])
+    return TaskView(
+        task=task,
+        steps=steps,
+        usage=await task_usage(conn, task_id),
+        tool_calls=await store.count_tool_calls(conn, task_id),
+    )
+
+
+class TaskQueries:
+    """What callers may read of tasks; each answer from one transaction."""
+
+    def __init__(self, *, db: Database, notifier: Notifier) -> None:
+        self._db = db
+        self._notifier = notifier
+
+    async def get(self, task_id: str, *, tenant: str | None = None) -> TaskView:
+        """The task and its steps; with `tenant`, TaskNotFoundError unless it is that tenant's
+        (the same answer as for a task that does not exist)."""
+        async with self._db.transaction() as conn:
+            view = await read_view(conn, task_id)
+        if tenant is not None and view.task.tenant != tenant:
+            raise TaskNotFoundError(task_id)
+        return view
+
+    async def list_tasks(
+        self,
+        *,
+        tenant: str = "default",
+        status: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> list[TaskRow]:
+        async with self._db.transaction() as conn:
+            return await store.list_tasks(
+                conn, tenant=tenant, status=status, before=before, limit=limit
+            )
+
+    async def step(self, task_id: str, step_id: str, *, tenant: str) -> StepRow:
+        """One step of a tenant's task; TaskNotFoundError or StepNotFoundError otherwise."""
+        async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+            if task is None or task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            found = [s for s in await store.load_steps(conn, [task_id]) if s.step_id == step_id]
+        if not found:
+            raise StepNotFoundError(step_id)
+        return found[0]
+
+    async def in_flight(self, tenant: str, principal: str, *, up_to: int) -> int:
+        """How many of this caller's tasks are unfinished (counting stops at `up_to`)."""
+        async with self._db.transaction() as conn:
+            return await store.unfinished_tasks(conn, tenant, principal, up_to=up_to)
+
+    async def check_tenant(self, task_id: str, tenant: str) -> None:
+        """TaskNotFoundError unless the task exists and belongs to `tenant` (the same answer)."""
+        async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+        if task is None or task.tenant != tenant:
+            raise TaskNotFoundError(task_id)
+
+    async def history(
+        self, task_id: str, *, tenant: str, up_to: int
+    ) -> tuple[TaskView, list[EventRow]]:
+        """The task of `tenant` and its first `up_to` events, read together (TaskNotFoundError
+        for another tenant's task, as for a missing one)."""
+        async with self._db.transaction() as conn:
+            view = await read_view(conn, task_id)
+            if view.task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            return view, await store.load_events(conn, task_id, after=0, limit=up_to)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
+        async with self._db.transaction() as conn:
+            if await store.load_task(conn, task_id) is None:
+                raise TaskNotFoundError(task_id)
+            return await store.load_events(conn, task_id, after=after, limit=limit)
+
+    async def wait(self, task_id: str, *, within: float) -> TaskView:
+        """The task once it is terminal, or as it stands after `within` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        keys = [task_key(task_id)]
+        with self._notifier.watching(keys):
+            while True:
+                since = self._notifier.snapshot(keys)
+                async with self._db.transaction() as conn:  # the status only, until the end
+                    task = await store.load_task(conn, task_id)
+                if task is None:
+                    raise TaskNotFoundError(task_id)
+                remaining = deadline - loop.time()
+                if task.status in TERMINAL_TASK_STATES or remaining <= 0:
+                    return await self.get(task_id)
+                # The cap is a safety net for a missed wake-up, not the normal path.
+                await self._notifier.wait(keys, since, within=min(remaining, 1.0))

@@ -1,0 +1,365 @@
+"""The unit of work: one transaction over a set of tasks, from their locks to their wake-ups.
+
+Every use case that moves steps does the same five things, in this order, in one transaction:
+lock the tasks, apply the decided `StepChange`s, advance (unblock, skip, ask for approval, settle
+task statuses), record events and audit rows, and tell the other replicas once it has committed.
+`TaskWork` is that sequence, written once:
+
+    async with work.begin() as tx:
+        await tx.lock_steps(keys)          # the tasks of these steps, locked; steps and tasks read
+        await tx.change(changes)           # compare-and-set; events ride in the commit pipeline
+    # committed: advanced (if anything moved), wake-ups and metrics sent
+
+Nothing here decides anything: the deciders in `decide/` do, on the rows read under the locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus, derive_task_status
+from agent_reach.states import target as target_of
+from agent_reach_controller import audit
+from agent_reach_controller.decide import approvals
+from agent_reach_controller.decide.advance import AdvanceInput, budget_for, decide_unblocks
+from agent_reach_controller.decide.outcomes import Budget, Decision
+from agent_reach_controller.metrics import ControllerMetrics
+from agent_reach_controller.services import webhooks
+from agent_reach_controller.services.registry import ToolRegistry
+from agent_reach_controller.services.webhooks import ApprovalWebhook
+from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.storage.records import StepChange, StepRow, TaskRow
+from agent_reach_controller.storage.wakeups import Notifier
+from agent_reach_controller.tools.catalog import ToolSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advanced:
+    """What an advance pass changed, for wake-ups and answers."""
+
+    ready_connectors: set[str] = field(default_factory=set)
+    finished_tasks: set[str] = field(default_factory=set)
+    task_status: dict[str, TaskStatus] = field(default_factory=dict)
+
+
+class TaskWork:
+    """One transaction over some tasks: what a use case changes in them goes through here.
+
+    Steps that moved make the unit advance their tasks before it commits; wake-ups are sent
+    once it has committed, never if it rolls back.
+    """
+
+    def __init__(self, work: UnitOfWork, conn: Connection, now: datetime) -> None:
+        self._work = work
+        self.conn = conn
+        self.now = now
+        self.tasks: dict[str, TaskRow] = {}  # read under their locks
+        self.steps: dict[int, StepRow] = {}  # by key: those `lock_steps` was given
+        self._locked: list[str] = []
+        self._budgets: dict[str, Budget] | None = None
+        self._moved = False  # steps changed since the last advance
+        self._connectors: set[str] = set()
+        self._finished: set[str] = set()
+
+    # -- reading under the locks ------------------------------------------------------------------
+
+    async def lock_steps(self, keys: Sequence[int]) -> dict[int, StepRow]:
+        """Lock the tasks of these steps, then read the steps and the tasks (in one go)."""
+        conn = self.conn
+        self._locked = await store.lock_tasks_of_steps(conn, keys)
+        self.steps = await store.load_steps_by_key(conn, keys)
+        await self._work.registry.ensure(
+            [(s.tool, s.tool_version) for s in self.steps.values()], conn=conn
+        )
+        # Read once under the lock: step changes never touch task rows.
+        self.tasks = await store.load_tasks(conn, self._locked)
+        return self.steps
+
+    async def lock_task(self, task_id: str) -> TaskRow | None:
+        """Lock one task and read it (None if there is no such task)."""
+        await store.lock_tasks(self.conn, [task_id])
+        self._locked = [task_id]
+        task = await store.load_task(self.conn, task_id)
+        self.tasks = {task_id: task} if task is not None else {}
+        return task
+
+    async def steps_of(self, task_id: str) -> list[StepRow]:
+        """Every step of a locked task, with its tool version loaded."""
+        found = await store.load_steps(self.conn, [task_id])
+        await self._work.registry.ensure([(s.tool, s.tool_version) for s in found], conn=self.conn)
+        return found
+
+    async def budgets(self) -> dict[str, Budget]:
+        """What is left of each locked task's attempt budget (tasks without one left out)."""
+        if self._budgets is None:
+            self._budgets = await self._work.budgets(self.conn, self.tasks)
+        return self._budgets
+
+    def tool(self, step: StepRow) -> ToolSpec:
+        return self._work.registry.get(step.tool, step.tool_version)
+
+    async def decision(self, step: StepRow) -> Decision:
+        """What deciding this step's next move needs: its tool, now, its task's budget."""
+        return self._work.decision(
+            self.tool(step), self.now, (await self.budgets()).get(step.task_id)
+        )
+
+    # -- changing ---------------------------------------------------------------------------------
+
+    async def change(self, changes: Sequence[StepChange]) -> set[int]:
+        """Apply decided changes (compare-and-set on each step's status and attempt); returns
+        the ids of the steps that moved. Their events are written with the commit."""
+        moved = await store.change_steps(self.conn, changes, now=self.now)
+        self._moved = self._moved or bool(moved)
+        return moved
+
+    async def request_cancel(self, task: TaskRow) -> None:
+        """Mark a locked task cancelled: its next advance settles it so."""
+        await store.request_cancel(self.conn, task.task_id, now=self.now)
+        self.tasks[task.task_id] = replace(task, cancel_requested=True)
+        self._moved = True
+
+    async def audit(
+        self, *, actor: str, tenant: str | None, action: str, target: str, data: Mapping[str, Any]
+    ) -> None:
+        """An audit row, chained with the others, in this transaction."""
+        await audit.record(
+            self.conn,
+            actor=actor,
+            tenant=tenant,
+            action=action,
+            target=target,
+            data=dict(data),
+            now=self.now,
+        )
+
+    def wake(self, *, connectors: Iterable[str] = (), tasks: Iterable[str] = ()) -> None:
+        """Once committed, wake pollers of these connectors and waiters on these tasks."""
+        self._connectors.update(connectors)
+        self._finished.update(tasks)
+
+    async def advance(self) -> Advanced:
+        """Advance the locked tasks now (the unit also does it before committing if steps
+        moved since): unblock, skip, ask for approval, settle task statuses."""
+        self._moved = False
+        advanced = await self._work.advance(self.conn, self._locked, now=self.now, tasks=self.tasks)
+        self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
+        return advanced
+
+    async def create(self, new: store.NewTask) -> Advanced:
+        """Insert a task nobody else can see yet: its first advance is decided on the rows in
+        memory, which are then written once, as decided (no lock needed)."""
+        task = new.task_row()
+        advanced = await self._work.advance_loaded(
+            self.conn,
+            {task.task_id: task},
+            {task.task_id: new.step_rows()},
+            now=self.now,
+            writes=new,
+        )
+        await new.write(self.conn)
+        self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
+        return advanced
+
+    async def _close(self) -> None:
+        if self._moved:
+            await self.advance()
+        if self._connectors or self._finished:
+            await self._work.notifier.announce(
+                self.conn, connectors=self._connectors, tasks=self._finished
+            )
+
+
+class UnitOfWork:
+    """Opens `TaskWork`s, and advances tasks: the one place their steps' changes take effect."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        registry: ToolRegistry,
+        notifier: Notifier,
+        metrics: ControllerMetrics,
+        approval_ttl: timedelta = timedelta(hours=1),
+        announcer: ApprovalWebhook | None = None,
+    ) -> None:
+        self.db = db
+        self.registry = registry
+        self.notifier = notifier
+        self.metrics = metrics
+        self._approval_ttl = approval_ttl
+        # Where approval requests are announced (an outbox row per request), if anywhere.
+        self._announcer = announcer
+        self._rng = random.Random()
+
+    @contextlib.asynccontextmanager
+    async def begin(self, now: datetime | None = None) -> AsyncIterator[TaskWork]:
+        """A unit of work in a new transaction: committed when the block ends without error."""
+        async with self.db.transaction() as conn:
+            work = TaskWork(self, conn, now or datetime.now(UTC))
+            yield work
+            await work._close()
+
+    def decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
+        return Decision(
+            tool=tool,
+            now=now,
+            rng=self._rng,
+            budget=budget or Budget(),
+            tool_named=self.registry.catalog.get,
+        )
+
+    async def settle(
+        self,
+        keys: Sequence[int],
+        *,
+        now: datetime,
+        due: Callable[[StepRow], bool],
+        decide: Callable[[StepRow, Decision], StepChange],
+    ) -> int:
+        """Decide these steps (those still `due` once their tasks are locked) and advance;
+        returns how many moved. Sweeps, lost leases and refused leases all end up here."""
+        if not keys:
+            return 0
+        async with self.begin(now) as tx:
+            current = await tx.lock_steps(keys)
+            changes = [
+                decide(step, await tx.decision(step)) for step in current.values() if due(step)
+            ]
+            moved = await tx.change(changes)
+            applied = [c for c in changes if c.step.id in moved]
+            self.metrics.settled(tx.conn, applied)
+            tx.wake(connectors={c.values.get("connector", c.step.connector) for c in applied})
+        return len(moved)
+
+    async def budgets(self, conn: Connection, tasks: Mapping[str, TaskRow]) -> dict[str, Budget]:
+        """What is left of each task's attempt budget (tasks without one are left out)."""
+        limited = [t for t in tasks.values() if t.max_attempts is not None]
+        if not limited:
+            return {}
+        by_task: dict[str, list[StepRow]] = defaultdict(list)
+        for step in await store.load_steps(conn, (t.task_id for t in limited)):
+            by_task[step.task_id].append(step)
+        return {t.task_id: budget_for(t.max_attempts, by_task[t.task_id]) for t in limited}
+
+    async def advance(
+        self,
+        conn: Connection,
+        task_ids: Iterable[str],
+        *,
+        now: datetime,
+        tasks: dict[str, TaskRow],
+    ) -> Advanced:
+        """Unblock, skip or fail what the current step states allow; settle task statuses.
+
+        The caller holds the tasks' row locks and read `tasks` under them.
+        """
+        ids = sorted(set(task_ids))
+        # Only blocked steps can move, and only their dependencies' outputs matter; a task's
+        # other steps count only through their statuses. (A budget needs every step's attempts.)
+        _, rows, counts = await store.load_for_advance(conn, ids, with_tasks=False)
+        budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
+        if budgeted:
+            rows = [r for r in rows if r.task_id not in budgeted]
+            rows += await store.load_steps(conn, budgeted)
+        by_task: dict[str, list[StepRow]] = defaultdict(list)
+        for step in rows:
+            by_task[step.task_id].append(step)
+        return await self.advance_loaded(conn, tasks, by_task, now=now, counts=counts)
+
+    async def advance_loaded(
+        self,
+        conn: Connection,
+        tasks: dict[str, TaskRow],
+        by_task: dict[str, list[StepRow]],
+        *,
+        now: datetime,
+        counts: dict[str, Counter[StepStatus]] | None = None,
+        writes: store.StepWrites | None = None,
+    ) -> Advanced:
+        """Apply what `decide_unblocks` allows and settle each task's status.
+
+        `by_task` must hold every blocked step and the steps they depend on; `counts` gives the
+        tasks' step statuses when `by_task` does not hold every step. The transitions go to the
+        stored rows unless `writes` takes them (a task being submitted).
+        """
+        writes = writes or store.Stored(conn)
+        ids = sorted(tasks)
+        registry = self.registry
+        await registry.ensure(
+            ((s.tool, s.tool_version) for steps in by_task.values() for s in steps), conn=conn
+        )
+        result = Advanced()
+        changes: list[StepChange] = []
+        for task_id in ids:
+            changes += decide_unblocks(
+                AdvanceInput(
+                    steps=by_task[task_id],
+                    context=tasks[task_id].context,
+                    tool_of=registry.get,
+                    now=now,
+                    budget=budget_for(tasks[task_id].max_attempts, by_task[task_id]),
+                )
+            )
+        moved = await writes.change_steps(changes, now=now)
+        after = {c.step.id: target_of(c.transition) for c in changes if c.step.id in moved}
+        asks = approvals.requests(
+            (c for c in changes if c.step.id in moved),
+            tool_of=registry.get,
+            now=now,
+            ttl=self._approval_ttl,
+        )
+        asked = await writes.change_steps(asks, now=now)
+        for step_id in asked:
+            after[step_id] = StepStatus.AWAITING_APPROVAL
+        if self._announcer is not None and asked:
+            await self._announcer.enqueue(
+                conn,
+                [
+                    (webhooks.approval_request(a, tasks[a.step.task_id]), a.values["decide_by"])
+                    for a in asks
+                    if a.step.id in asked
+                ],
+            )
+        result.ready_connectors.update(
+            c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
+        )
+        for task_id in ids:
+            if counts is None:
+                statuses = [after.get(s.id, s.status) for s in by_task[task_id]]
+            else:
+                tally = Counter(counts.get(task_id, {}))
+                for c in changes:
+                    if c.step.task_id == task_id and c.step.id in after:
+                        tally[c.step.status] -= 1
+                        tally[after[c.step.id]] += 1
+                statuses = list(tally.elements())
+            await _settle_status(writes, tasks[task_id], statuses, now=now, result=result)
+        return result
+
+
+async def _settle_status(
+    writes: store.StepWrites,
+    task: TaskRow,
+    statuses: list[StepStatus],
+    *,
+    now: datetime,
+    result: Advanced,
+) -> None:
+    new = derive_task_status(statuses, cancelled=task.cancel_requested)
+    result.task_status[task.task_id] = task.status
+    if task.status in TERMINAL_TASK_STATES or new == task.status:
+        return
+    if new == TaskStatus.PENDING and task.status == TaskStatus.RUNNING:
+        return  # a retry moved every step back to ready: the task is still running
+    result.task_status[task.task_id] = new
+    await writes.set_task_status(task, new, now=now)
+    if new in TERMINAL_TASK_STATES:
+        result.finished_tasks.add(task.task_id)
