@@ -72,14 +72,12 @@ class TaskWork:
 
     async def lock_steps(self, keys: Sequence[int]) -> dict[int, StepRow]:
         """Lock the tasks of these steps, then read the steps and the tasks (in one go)."""
-        conn = self.conn
-        self._locked = await store.lock_tasks_of_steps(conn, keys)
-        self.steps = await store.load_steps_by_key(conn, keys)
-        await self._work.registry.ensure(
-            [(s.tool, s.tool_version) for s in self.steps.values()], conn=conn
-        )
         # Read once under the lock: step changes never touch task rows.
-        self.tasks = await store.load_tasks(conn, self._locked)
+        self.tasks, self.steps = await store.lock_steps(self.conn, keys)
+        self._locked = sorted(self.tasks)
+        await self._work.registry.ensure(
+            [(s.tool, s.tool_version) for s in self.steps.values()], conn=self.conn
+        )
         return self.steps
 
     async def lock_task(self, task_id: str) -> TaskRow | None:

@@ -319,8 +319,9 @@ GROUP BY task_id, status
 LOCK_TASKS = (
     "SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id FOR UPDATE"
 )
-LOCK_TASKS_OF_STEPS = """
-SELECT task_id FROM tasks
+# The tasks of these steps, locked in id order and read whole by the same statement.
+LOCK_TASK_ROWS_OF_STEPS = """
+SELECT * FROM tasks
 WHERE task_id IN (SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[]))
 ORDER BY task_id FOR UPDATE
 """
@@ -379,3 +380,20 @@ async def advance_reads(
             await counts.execute(STATUS_COUNTS, params, prepare=_prepared(pg))
         found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
         return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
+
+
+async def locked_reads(
+    conn: Connection, keys: Sequence[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(task rows, step rows) of these steps, the tasks locked first, in one round trip.
+
+    A pipeline runs its statements in order, so the steps are read once the locks are held:
+    what the previous holder committed is visible.
+    """
+    pg = await driver(conn)
+    params = {"keys": list(keys)}
+    async with pg.cursor(row_factory=dict_row) as tasks, pg.cursor(row_factory=dict_row) as steps:
+        async with pg.pipeline():
+            await tasks.execute(LOCK_TASK_ROWS_OF_STEPS, params, prepare=_prepared(pg))
+            await steps.execute(STEPS_BY_KEY, params, prepare=_prepared(pg))
+        return [_utc(r) for r in await tasks.fetchall()], [_utc(r) for r in await steps.fetchall()]

@@ -687,13 +687,27 @@ async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
         )
 
 
-async def lock_tasks_of_steps(conn: AsyncConnection, keys: Iterable[int]) -> list[str]:
-    """Lock the tasks these steps belong to (in id order, like lock_tasks); returns their ids."""
+async def lock_steps(
+    conn: AsyncConnection, keys: Iterable[int]
+) -> tuple[dict[str, TaskRow], dict[int, StepRow]]:
+    """Lock the tasks these steps belong to (in id order), then read those tasks and the steps.
+    One round trip on Postgres."""
     wanted = sorted(set(keys))
     if not wanted:
-        return []
-    if conn.dialect.name == "postgresql":
-        return [r[0] for r in await hot.tuples(conn, hot.LOCK_TASKS_OF_STEPS, {"keys": wanted})]
+        return {}, {}
+    if conn.dialect.name != "postgresql":
+        locked = await _lock_tasks_of_steps(conn, wanted)
+        return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted)
+    task_rows, step_rows = await hot.locked_reads(conn, wanted)
+    return (
+        {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
+        {r["id"]: StepRow.from_mapping(r) for r in step_rows},
+    )
+
+
+async def _lock_tasks_of_steps(conn: AsyncConnection, wanted: list[int]) -> list[str]:
+    """Lock the tasks these steps belong to (in id order, like lock_tasks); returns their ids.
+    (SQLite: the writer lock makes it a formality; Postgres reads the rows with the lock.)"""
     owners = sa.select(steps.c.task_id).where(steps.c.id.in_(wanted))
     rows = await conn.execute(
         sa.select(tasks.c.task_id)
