@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -24,13 +25,17 @@ from psycopg.types.json import Jsonb
 from agent_reach_controller.storage import schema
 from agent_reach_controller.storage.engine import Connection, driver
 
-# Every event of a transaction, in one statement.
+# Every event of a transaction, in one statement, from one JSON array (psycopg dumps one string
+# far faster than eight arrays), in the order appended: their ids are the log's order.
 INSERT_EVENTS = """
 INSERT INTO events (task_id, step_id, kind, from_status, to_status, attempt, data, created_at)
-SELECT * FROM unnest(
-    %(task_id)s::text[], %(step_id)s::text[], %(kind)s::text[], %(from_status)s::text[],
-    %(to_status)s::text[], %(attempt)s::int[], %(data)s::jsonb[], %(created_at)s::timestamptz[]
-)
+SELECT e.task_id, e.step_id, e.kind, e.from_status, e.to_status, e.attempt, e.data, e.created_at
+FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+    task_id text, step_id text, kind text, from_status text, to_status text, attempt int,
+    data jsonb, created_at timestamptz
+)) WITH ORDINALITY AS e(task_id, step_id, kind, from_status, to_status, attempt, data,
+    created_at, n)
+ORDER BY e.n
 """
 
 # One unsealed audit entry (no seq, no hash: the sealer chains it later).
@@ -41,8 +46,7 @@ VALUES (%(at)s, %(actor)s, %(tenant)s, %(action)s, %(target)s, %(data)s)
 
 # A transaction's wake-ups, delivered by Postgres when (and only if) it commits.
 NOTIFY = """
-SELECT pg_notify(n.channel, n.payload)
-FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
+SELECT pg_notify(n->>0, n->>1) FROM jsonb_array_elements(%(messages)s::jsonb) AS n
 """
 
 # The catalogue's revision, read in the commit's pipeline (the guard of a submit).
@@ -201,23 +205,10 @@ async def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, 
             await cur.executemany(insert_rows_sql(table, columns), bound)
 
 
-async def insert_events(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Append events (dicts of the `events` columns but `id`) in one statement."""
-    columns: dict[str, list[Any]] = {
-        "task_id": [],
-        "step_id": [],
-        "kind": [],
-        "from_status": [],
-        "to_status": [],
-        "attempt": [],
-        "data": [],
-        "created_at": [],
-    }
-    for row in rows:
-        for name, values in columns.items():
-            values.append(_value(row[name], json=name == "data"))
+async def insert_events(conn: Connection, rows: str) -> None:
+    """Append events: `rows` is a JSON array of objects of the `events` columns but `id`."""
     pg = await driver(conn)
-    await pg.execute(INSERT_EVENTS, columns, prepare=_prepared(pg))
+    await pg.execute(INSERT_EVENTS, {"rows": rows}, prepare=_prepared(pg))
 
 
 async def insert_audit_entry(conn: Connection, entry: Mapping[str, Any]) -> None:
@@ -227,11 +218,7 @@ async def insert_audit_entry(conn: Connection, entry: Mapping[str, Any]) -> None
 
 async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
     pg = await driver(conn)
-    await pg.execute(
-        NOTIFY,
-        {"channels": [c for c, _ in messages], "payloads": [p for _, p in messages]},
-        prepare=_prepared(pg),
-    )
+    await pg.execute(NOTIFY, {"messages": json.dumps(messages)}, prepare=_prepared(pg))
 
 
 async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:

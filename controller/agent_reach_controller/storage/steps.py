@@ -87,7 +87,7 @@ async def _flush_events(conn: AsyncConnection) -> None:
         for e in new
     ]
     if conn.dialect.name == "postgresql":
-        await hot.insert_events(conn, rows)
+        await hot.insert_events(conn, _json_rows(rows))
     else:
         await conn.execute(events.insert(), rows)
 
@@ -386,6 +386,11 @@ def _sql_type(column: sa.Column[Any]) -> str:
     return "jsonb"
 
 
+def _json_rows(rows: Any) -> str:
+    """Rows as one compact JSON text, for `jsonb_to_recordset` (timestamps in ISO 8601)."""
+    return json.dumps(rows, default=_json_default, separators=(",", ":"))
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -412,7 +417,7 @@ async def _change_steps_set_based(
             }
             for c in group
         ]
-        payload = json.dumps(rows, default=_json_default, separators=(",", ":"))
+        payload = _json_rows(rows)
         moved.update(await hot.change_steps(conn, fields, rows=payload, now=now))
     return moved
 
