@@ -8,13 +8,14 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
 	@echo "make test    lint, type check, proto and migration checks, then every test"
 	@echo "make test-faults  fault injection on real processes (AGENT_REACH_FAULTS_PROFILE=long)"
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
+	@echo "make bench-http  the http connector's calls/s to a local downstream"
 	@echo "make tools   install promtool (Debian package prometheus) if missing"
 
 setup: $(STAMP)
@@ -89,6 +90,10 @@ migrations-check: setup
 
 bench: setup
 	$(PY) -m tests.bench.run
+
+# The http connector's calls/s to a local downstream, SSRF guard on (median of 3).
+bench-http: setup
+	$(PY) -m tests.bench.http_connector
 
 # An executor pool token for deploy/compose.yaml: the token in deploy/.env (compose reads it),
 # only its hash in deploy/executor-tokens.yaml (the controller's). Both are git-ignored.

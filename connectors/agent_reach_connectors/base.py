@@ -30,6 +30,9 @@ class ToolCall:
     values exist only on the executor, only while a call runs. `args` are the step's resolved
     arguments (never secret-resolved: they come from the model). `idempotency_key` is identical
     on every attempt of the step: send it downstream so a retried side effect happens once.
+    `idempotent` is the catalogue's word that the tool's effect is the same however often a
+    call is delivered: only then may a connector send one call more than once on its own (say,
+    again over a new connection when a kept-alive one turns out closed). False when not known.
     """
 
     tool: str
@@ -47,6 +50,7 @@ class ToolCall:
     # that stays silent longer than that is stopped as hung and tried again.
     heartbeat: Callable[[], None] = _no_heartbeat
     heartbeat_timeout_s: float | None = None
+    idempotent: bool = False
 
 
 class ConnectorError(Exception):

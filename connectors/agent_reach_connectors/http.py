@@ -1,57 +1,71 @@
 """The `http` connector: one tool call is one HTTP request, classified into a receipt-ready error.
 
-Why httpx, and why several clients: the issue asks for httpx and aiohttp is not a dependency.
-httpx's async pool slows down as requests queue on one client (the upstream problem PERFORMANCE.md
-notes). Measured through this connector (POST, 2-vCPU dev box, server on the same cores, one run
-each): to a minimal asyncio server on 127.0.0.1, one client ~750-950 req/s sequential but ~400
-req/s at 32 concurrent; 8 clients round-robin ~940 sequential and ~1,240 at 32 concurrent. To
-the test sink (a threaded stdlib server): 1 client ~860 / ~425, 8 clients ~760 / ~690. So the
-connector spreads calls over `clients=8` clients sharing the `max_connections` budget;
-`clients=1` is the plain single-client shape. Still far from the 5,000 calls/s goal: the transport
-can change behind this module without touching the protocol.
+The transport is aiohttp, chosen on measurements (`python -m tests.bench.http_connector`: 64
+concurrent callers, POST with a JSON body, to a fast local downstream, 2-vCPU box, median of 3).
+Bare clients: httpx ~140 calls/s on one client and ~500 spread over 8 (its pool slows down as
+requests queue on it, and httpcore retries a failing `import sniffio` on every request), httpx's
+models over an aiohttp transport ~2,100, aiohttp ~8,000-12,000. Through this connector: ~420
+calls/s on httpx (8 clients); 4,000-7,000 on aiohttp with one session, depending on what else
+the machine runs (~150-200 us of client CPU per call, ~20 of them ours). httpx's request and
+response models alone cost half the budget, so none are used here.
 
 Where a call may go (SSRF): the connector resolves the host itself, checks every address against
 `netguard` (and the tool's `allow_hosts`), then connects to the checked address only: the URL's
 host is rewritten to it, the Host header keeps the name, and over https the name goes as SNI and
-is what the certificate must match. A second DNS answer is never asked for, so it cannot be used
-(DNS rebinding). Redirects are followed here, hop by hop, each one checked the same way. Since a
-pooled connection is keyed by the address it went to, https connections are pooled per server
-name too: a connection verified for one name is never reused for another on the same address.
+is what the certificate must match. aiohttp is only ever given address literals (its own
+resolver refuses every name), so a second DNS answer is never asked for and cannot be used (DNS
+rebinding). Redirects are followed here, hop by hop, each one checked the same way. aiohttp keys
+a pooled connection by address, port, TLS context and server name, so a connection verified for
+one name is never reused for another on the same address. No cookie jar (one tool's cookies
+never reach another call) and no proxy from the environment.
+
+Nothing is sent twice unless the tool is declared idempotent: aiohttp resends a GET, HEAD,
+OPTIONS, PUT or DELETE whose connection closed before any answer, and the server may have
+applied it first, so every other call goes through a middleware (`_send_once`) that keeps that
+failure from aiohttp's resend loop and makes it a "may have been applied" error. The request
+itself is built in `http_request`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import codecs
 import ipaddress
-import itertools
 import json
 import os
-import re
 import socket
 import ssl
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import httpx
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from opentelemetry.trace import Span, SpanKind
+from yarl import URL
 
 from agent_reach import telemetry
 from agent_reach.errors import ErrorCode
 from agent_reach.ids import parse_traceparent
 from agent_reach_connectors import netguard
-from agent_reach_connectors.base import (
-    _SECRET_REF,
-    ConnectorError,
-    Throttled,
-    ToolCall,
-    resolve_secrets,
+from agent_reach_connectors.base import _SECRET_REF, ConnectorError, Throttled, ToolCall
+from agent_reach_connectors.http_request import (
+    CONNECT_TIMEOUT_CAP,
+    HttpRequest,
+    allowlist,
+    build_request,
+    max_redirects,
+    misconfigured,
+    redirect_method,
+    redirect_target,
+    redirected,
+    secret_headers,
+    secret_strings,
+    success_statuses,
 )
 from agent_reach_connectors.throttling import parse_retry_after, quota_reset
 
@@ -59,21 +73,10 @@ MAX_TEXT = 64 * 1024
 # The most of an answer's body the connector reads (after decompression); a larger answer is a
 # failed call, never an executor that runs out of memory.
 MAX_BODY = 10 * 1024 * 1024
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_BODY_MODES = frozenset({"auto", "none", "json"})
 # 5xx answers that say "this server will never do that": retrying cannot help.
 _PERMANENT_5XX = frozenset({501, 505})
-_CONNECT_TIMEOUT_CAP = 10.0
-# Redirects followed by default (`max_redirects` in the config; 0 treats a 3xx as an answer).
-MAX_REDIRECTS = 5
-_MAX_REDIRECTS_LIMIT = 20
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# Never carried to another origin by a redirect (nor is any header whose value holds a secret).
-_CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
-# https clients are pooled per server name; past this many names the least recent go.
-_MAX_SERVER_NAMES = 64
 
 # (host, port) -> the host's addresses, as text. The connector's only way to the DNS.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -115,84 +118,38 @@ def _user_agent() -> str:
         return "agent-reach"
 
 
-def _misconfigured(tool: str, what: str) -> ConnectorError:
-    return ConnectorError(ErrorCode.CONNECTOR_ERROR, f"{tool}: {what}", retryable=False)
-
-
-def _text(value: Any) -> str:
-    """How an argument travels in a path or query: strings as they are, the rest as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def _secret_strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _secret_strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _secret_strings(item)
-
-
 class _Redactor:
-    """Scrubs the secrets a config refers to out of a message, raw and URL-encoded."""
+    """Scrubs the secrets a config refers to out of a message, raw and URL-encoded.
+
+    Built per call but read only when a message is made (an error, a host from a secret): the
+    config is walked and the environment read on first use, not on every successful call.
+    """
+
+    __slots__ = ("_raw_config", "_values")
 
     def __init__(self, raw_config: Mapping[str, Any]) -> None:
-        names = {m for s in _secret_strings(raw_config) for m in _SECRET_REF.findall(s)}
-        values = {os.environ.get(name, "") for name in names}
-        forms = {form for v in values if v for form in (v, quote(v, safe=""), quote(v))}
-        self._values = sorted(forms, key=len, reverse=True)
+        self._raw_config = raw_config
+        self._values: list[str] | None = None
+
+    def _forms(self) -> list[str]:
+        if self._values is None:
+            found = secret_strings(self._raw_config)
+            names = {m for s in found for m in _SECRET_REF.findall(s)}
+            values = {os.environ.get(name, "") for name in names}
+            forms = {form for v in values if v for form in (v, quote(v, safe=""), quote(v))}
+            self._values = sorted(forms, key=len, reverse=True)
+        return self._values
 
     def __call__(self, message: str) -> str:
-        for value in self._values:
+        for value in self._forms():
             message = message.replace(value, "***")
         return message
 
 
-def _fill_url(tool: str, template: str, args: Mapping[str, Any]) -> tuple[str, set[str]]:
-    """Fill `{arg}` placeholders (URL-encoded) and resolve `${env:...}` in the literal parts.
-
-    Splitting first means an argument can never smuggle in a secret reference, and a secret
-    value can never be mistaken for a placeholder.
-    """
-    pieces = _PLACEHOLDER.split(template)
-    used: set[str] = set()
-    out: list[str] = []
-    for index, piece in enumerate(pieces):
-        if index % 2 == 0:
-            out.append(resolve_secrets(piece))
-            continue
-        if args.get(piece) is None:
-            raise ConnectorError(
-                ErrorCode.INVALID_ARGUMENTS,
-                f"{tool}: the URL needs argument '{piece}', which was not given",
-                retryable=False,
-            )
-        used.add(piece)
-        out.append(quote(_text(args[piece]), safe=""))
-    url = "".join(out)
-    if _dot_segments(url) > _dot_segments(template):
-        # `quote` keeps "." and "..", which the client then resolves: an argument ".." would
-        # climb out of the configured path to another endpoint of the same host.
-        raise ConnectorError(
-            ErrorCode.INVALID_ARGUMENTS,
-            f"{tool}: an argument in the URL path cannot be '.' or '..'",
-            retryable=False,
-        )
-    return url, used
-
-
-def _dot_segments(url: str) -> int:
-    path = url.split("?", 1)[0].split("#", 1)[0]
-    return sum(segment in (".", "..") for segment in path.split("/"))
-
-
-def _safe_url(url: str) -> str:
+def _safe_url(url: URL) -> str:
     """scheme://host[:port]/path only: queries and credentials may hold secrets."""
-    parts = urlsplit(url)
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
+    port = f":{url.explicit_port}" if url.explicit_port else ""
+    return f"{url.scheme}://{url.raw_host or ''}{port}{url.raw_path}"
 
 
 def _status_error(
@@ -226,19 +183,55 @@ def _plain_status_error(tool: str, status: int, retry_after: float | None) -> Co
     return ConnectorError(ErrorCode.DOWNSTREAM_REJECTED, said, retryable=False)
 
 
-def _transport_error(tool: str, where: str, exc: httpx.HTTPError) -> ConnectorError:
-    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+class _ClosedUnanswered(Exception):
+    """A request went out on a connection that then closed (or broke) before any answer.
+
+    Deliberately neither an aiohttp error nor an OSError: aiohttp's resend loop does not know it.
+    """
+
+
+async def _send_once(
+    request: aiohttp.ClientRequest, send: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """A client middleware that keeps aiohttp from sending a request a second time.
+
+    aiohttp sends a GET, HEAD, OPTIONS, PUT or DELETE once more on a new connection when the
+    one it went on closes before answering (`ServerDisconnectedError`, `ClientOSError`): right
+    for a kept-alive connection the server had already dropped, but the server may also have
+    read and applied the request first. Seen here, between the send and the resend loop, the
+    failure leaves as another exception, which that loop does not catch. A middleware is
+    aiohttp's public way in (the loop's own switch is a private attribute of the session).
+    """
+    try:
+        return await send(request)
+    except aiohttp.ClientConnectorError:
+        raise  # no connection, so nothing sent: aiohttp never resends these either
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise _ClosedUnanswered(str(exc)) from exc
+
+
+# Per request: for a tool not declared idempotent, no resend; otherwise aiohttp's own rule.
+_NO_RESEND: tuple[aiohttp.ClientMiddlewareType, ...] = (_send_once,)
+
+# What a failed send can raise: aiohttp's errors, the OS's, a timeout, a header it would not
+# send, and a send `_send_once` kept from being repeated.
+_SEND_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError, _ClosedUnanswered)
+
+
+def _transport_error(tool: str, where: str, exc: BaseException) -> ConnectorError:
+    """The error for a failed send or read; "may have been applied" unless nothing was sent."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):  # no pool slot or no connection in time
         return ConnectorError(ErrorCode.TIMEOUT, f"{tool}: timed out connecting to {where}")
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimeoutError):  # aiohttp's ServerTimeoutError is one too
         return ConnectorError(
             ErrorCode.TIMEOUT,
             f"{tool}: timed out waiting for {where} after sending; it may have been applied",
             maybe_applied=True,
         )
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unreachable, TLS not verified
         return ConnectorError(ErrorCode.CONNECTION_ERROR, f"{tool}: could not connect to {where}")
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
-        return _misconfigured(
+    if isinstance(exc, ValueError | aiohttp.NonHttpUrlClientError):  # InvalidURL is a ValueError
+        return misconfigured(
             tool, f"the request to {where} could not be built ({type(exc).__name__})"
         )
     return ConnectorError(
@@ -248,14 +241,25 @@ def _transport_error(tool: str, where: str, exc: httpx.HTTPError) -> ConnectorEr
     )
 
 
-def _output(response: httpx.Response, body: bytes) -> Any:
-    if "json" in response.headers.get("content-type", "").lower():
+def _output(response: aiohttp.ClientResponse, body: bytes) -> Any:
+    if "json" in response.headers.get("Content-Type", "").lower():
         try:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError):
             pass
-    text = body.decode(response.encoding or "utf-8", errors="replace")
-    return {"status": response.status_code, "text": text[:MAX_TEXT]}
+    text = body.decode(_charset(response), errors="replace")
+    return {"status": response.status, "text": text[:MAX_TEXT]}
+
+
+def _charset(response: aiohttp.ClientResponse) -> str:
+    """The answer's declared charset when Python knows it, else UTF-8."""
+    declared = response.charset
+    if declared:
+        try:
+            return codecs.lookup(declared).name
+        except LookupError:
+            pass
+    return "utf-8"
 
 
 def _size(count: int) -> str:
@@ -275,14 +279,18 @@ def _too_large(tool: str, where: str, limit: int) -> ConnectorError:
     )
 
 
-async def _read_body(response: httpx.Response, *, tool: str, where: str, limit: int) -> bytes:
+async def _read_body(
+    response: aiohttp.ClientResponse, *, tool: str, where: str, limit: int
+) -> bytes:
     """The (decoded) body, at most `limit` bytes: refused early by Content-Length, else read."""
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
-        raise _too_large(tool, where, limit)
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and "Content-Encoding" not in response.headers:
+        if int(declared) > limit:
+            raise _too_large(tool, where, limit)
+        return await response.read()  # no more than declared: the parser stops there
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         size += len(chunk)
         if size > limit:
             raise _too_large(tool, where, limit)
@@ -290,115 +298,10 @@ async def _read_body(response: httpx.Response, *, tool: str, where: str, limit: 
     return b"".join(chunks)
 
 
-def _timeout(tool: str, config: Mapping[str, Any], default: float) -> httpx.Timeout:
-    raw = config.get("timeout", default)
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
-        raise _misconfigured(tool, "config.timeout must be a positive number of seconds")
-    seconds = float(raw)
-    return httpx.Timeout(seconds, connect=min(seconds, _CONNECT_TIMEOUT_CAP))
-
-
-def _success_statuses(tool: str, config: Mapping[str, Any]) -> frozenset[int] | None:
-    raw = config.get("success_statuses")
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not all(isinstance(s, int) for s in raw):
-        raise _misconfigured(tool, "config.success_statuses must be a list of status codes")
-    return frozenset(raw)
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_allowlist(entries: tuple[str, ...]) -> netguard.Allowlist:
-    return netguard.Allowlist.parse(entries)
-
-
-def _allowlist(tool: str, config: Mapping[str, Any]) -> netguard.Allowlist:
-    raw = config.get("allow_hosts")
-    if raw is None:
-        return netguard.Allowlist()
-    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw):
-        raise _misconfigured(tool, "config.allow_hosts must be a list of hosts, addresses or CIDRs")
-    try:
-        return _parse_allowlist(tuple(raw))
-    except ValueError as exc:
-        raise _misconfigured(tool, f"config.{exc}") from None
-
-
-def _max_redirects(tool: str, config: Mapping[str, Any]) -> int:
-    raw = config.get("max_redirects", MAX_REDIRECTS)
-    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= _MAX_REDIRECTS_LIMIT:
-        raise _misconfigured(
-            tool, f"config.max_redirects must be a whole number from 0 to {_MAX_REDIRECTS_LIMIT}"
-        )
-    return raw
-
-
-def _secret_headers(config: Mapping[str, Any]) -> frozenset[str]:
-    """Names of the configured headers whose value holds a secret reference."""
-    headers = config.get("headers")
-    if not isinstance(headers, Mapping):
-        return frozenset()
-    return frozenset(
-        str(name).lower()
-        for name, value in headers.items()
-        if any(_SECRET_REF.search(text) for text in _secret_strings(value))
-    )
-
-
 def _refused(tool: str, what: str, reason: str, *, allowable: bool = True) -> ConnectorError:
     advice = "; add it to the tool's allow_hosts to permit it" if allowable else ""
     return ConnectorError(
         ErrorCode.DESTINATION_REFUSED, f"{tool}: refused {what}: {reason}{advice}", retryable=False
-    )
-
-
-def _origin(url: httpx.URL) -> tuple[str, bytes, int | None]:
-    return url.scheme, url.raw_host.lower(), url.port or netguard.DEFAULT_PORTS.get(url.scheme)
-
-
-def _same_origin(source: httpx.URL, target: httpx.URL) -> bool:
-    """Same scheme, host and port, or the same host moving from http to https (as httpx does)."""
-    if _origin(source) == _origin(target):
-        return True
-    return (
-        source.scheme == "http"
-        and target.scheme == "https"
-        and source.raw_host.lower() == target.raw_host.lower()
-        and source.port in (None, 80)
-        and target.port in (None, 443)
-    )
-
-
-def _redirect_method(method: str, status: int) -> str:
-    """The method of the next hop, as browsers and httpx choose it."""
-    if status == 303 and method != "HEAD":
-        return "GET"
-    if status in (301, 302) and method == "POST":
-        return "GET"
-    return method
-
-
-def _redirected(
-    request: httpx.Request, url: httpx.URL, target: httpx.URL, status: int, secrets: frozenset[str]
-) -> httpx.Request:
-    """The next hop's request: to `target`, from the hop that asked for it (at logical `url`)."""
-    method = _redirect_method(request.method, status)
-    headers = httpx.Headers(request.headers)
-    headers.pop("host", None)
-    if not _same_origin(url, target):
-        for name in (*_CREDENTIAL_HEADERS, *secrets):
-            headers.pop(name, None)
-    content: bytes | None = request.content
-    if method != request.method:
-        content = None
-        for name in ("content-type", "content-length", "transfer-encoding"):
-            headers.pop(name, None)
-    return httpx.Request(
-        method,
-        target,
-        headers=headers,
-        content=content or None,
-        extensions={"timeout": request.extensions["timeout"]},
     )
 
 
@@ -410,24 +313,16 @@ class _Destination:
     server_name: str | None
 
 
-class _Group:
-    """Clients used in turn for one kind of destination; a retired group closes once idle."""
+class _NoResolver(AbstractResolver):
+    """aiohttp's resolver here: it is only ever given checked addresses, never a name to look up."""
 
-    __slots__ = ("_turn", "busy", "clients", "retired")
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        raise OSError(f"the http connector resolves names itself; not {host!r}")
 
-    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
-        self.clients = clients
-        self._turn = itertools.cycle(clients)
-        self.busy = 0
-        self.retired = False
-
-    def take(self) -> httpx.AsyncClient:
-        self.busy += 1
-        return next(self._turn)
-
-    async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+    async def close(self) -> None:
+        return None
 
 
 class HttpConnector:
@@ -458,9 +353,14 @@ class HttpConnector:
     reference) are not carried to another origin. Once a write was sent on as a GET (after a
     303, or a 301/302 to a POST), a later failure says it may have been applied.
 
-    `resolver` (for tests) replaces the system's getaddrinfo; `verify` replaces the system's
-    CA certificates (a private CA); `transport` (for tests) replaces the network under every
-    client, pools included.
+    A request goes out once. Only for a tool declared idempotent (`ToolCall.idempotent`) is a
+    GET, HEAD, OPTIONS, PUT or DELETE whose connection closes before any answer (typically a
+    kept-alive connection the server had just dropped) sent once more on a new connection, as
+    RFC 9112 (9.3.1) allows; any other such failure says the call may have been applied.
+
+    Connections are pooled, `max_connections` at most (a call waits for a free one within its
+    timeout). `resolver` (for tests) replaces the system's getaddrinfo; `verify` replaces the
+    system's CA certificates (a private CA).
     """
 
     name = "http"
@@ -469,121 +369,56 @@ class HttpConnector:
         self,
         *,
         max_connections: int = 100,
-        clients: int = 8,
         max_body: int = MAX_BODY,
         resolver: Resolver | None = None,
         verify: ssl.SSLContext | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._max_body = max_body
-        self._clients_wanted = max(1, clients)
-        per_client = max(1, max_connections // self._clients_wanted)
-        self._limits = httpx.Limits(
-            max_connections=per_client, max_keepalive_connections=per_client
-        )
+        self._max_connections = max(1, max_connections)
         self._resolve: Resolver = SystemResolver() if resolver is None else resolver
-        self._transport = transport
         self._tls = verify
-        self._shared: _Group | None = None  # plain http, and https to an address literal
-        self._named: OrderedDict[str, _Group] = OrderedDict()  # https, per server name
-        self._retired: list[_Group] = []
+        self._session: aiohttp.ClientSession | None = None
         self._agent = _user_agent()
 
     async def start(self) -> None:
-        """Open the connection pools (invoke also opens them lazily)."""
-        await self._group(None)
+        """Open the connection pool (invoke also opens it lazily)."""
+        self._open_session()
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        groups = [*([self._shared] if self._shared else []), *self._named.values(), *self._retired]
-        self._shared, self._named, self._retired = None, OrderedDict(), []
-        for group in groups:
-            await group.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
-    def _new_group(self) -> _Group:
-        if self._tls is None:
-            self._tls = httpx.create_ssl_context()  # loading CA certificates is slow: do it once
-        return _Group(
-            [
-                httpx.AsyncClient(
-                    limits=self._limits,
-                    follow_redirects=False,
-                    verify=self._tls,
-                    transport=self._transport,
-                )
-                for _ in range(self._clients_wanted)
-            ]
-        )
-
-    async def _group(self, server_name: str | None) -> _Group:
-        """The clients for a destination: shared, or those of an https server name."""
-        if server_name is None:
-            if self._shared is None:
-                self._shared = self._new_group()
-            return self._shared
-        group = self._named.pop(server_name, None) or self._new_group()
-        self._named[server_name] = group  # the most recently used last
-        while len(self._named) > _MAX_SERVER_NAMES:
-            _, old = self._named.popitem(last=False)
-            old.retired = True
-            if old.busy > 0:
-                self._retired.append(old)  # closed by the last call that uses it
-            else:
-                await old.aclose()
-        return group
-
-    async def _release(self, group: _Group) -> None:
-        group.busy -= 1
-        if group.retired and group.busy <= 0 and group in self._retired:
-            self._retired.remove(group)
-            await group.aclose()
-
-    def build_request(self, call: ToolCall) -> httpx.Request:
+    def build_request(self, call: ToolCall) -> HttpRequest:
         """The request a call makes; secrets are resolved here, on the executor, only."""
-        raw = call.config
-        url_template = raw.get("url")
-        if not isinstance(url_template, str) or not url_template:
-            raise _misconfigured(call.tool, "config.url is missing")
-        method = str(raw.get("method", "GET")).upper()
-        mode = raw.get("body", "auto")
-        if mode not in _BODY_MODES:
-            raise _misconfigured(call.tool, "config.body must be one of auto, json, none")
-        url, used = _fill_url(call.tool, url_template, call.args)
-        rest = {k: v for k, v in call.args.items() if k not in used}
-        headers = httpx.Headers({"User-Agent": self._agent})
-        for key, value in (resolve_secrets(raw.get("headers")) or {}).items():
-            if value is not None:
-                headers[str(key)] = str(value)
-        headers["Idempotency-Key"] = call.idempotency_key
-        if call.traceparent:
-            headers["traceparent"] = call.traceparent
-        params = {str(k): _text(v) for k, v in (resolve_secrets(raw.get("query")) or {}).items()}
-        content: bytes | None = None
-        if mode == "json" or (mode == "auto" and method in _BODY_METHODS):
-            content = json.dumps(rest, separators=(",", ":")).encode()
-            headers["Content-Type"] = "application/json"
-        elif mode == "auto":
-            params.update({k: _text(v) for k, v in rest.items() if v is not None})
-        timeout = _timeout(call.tool, raw, call.timeout_s)
-        # Added to the URL's own query: httpx's `params=` would replace it (and drop, say, a
-        # `?key=` written into the configured URL).
-        target = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
-        return httpx.Request(
-            method,
-            target,
-            headers=headers,
-            content=content,
-            extensions={"timeout": timeout.as_dict()},
-        )
+        return build_request(call, user_agent=self._agent)
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            pool = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                limit_per_host=0,
+                ssl=self._tls if self._tls is not None else True,  # True: the system's CAs
+                use_dns_cache=False,
+                resolver=_NoResolver(),
+            )
+            self._session = aiohttp.ClientSession(
+                connector=pool,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # no proxy from the environment: the checked address is the peer
+                auto_decompress=True,
+            )
+        return self._session
 
     async def _destination(
-        self, tool: str, url: httpx.URL, allow: netguard.Allowlist, what: str, wait: float
+        self, tool: str, url: URL, allow: netguard.Allowlist, what: str, wait: float
     ) -> _Destination:
         """Check where `url` leads, resolving its host once; refuse it before any connection."""
         reason = netguard.check_scheme(url.scheme)
         if reason is not None:
             raise _refused(tool, what, reason, allowable=False)
-        name = netguard.normalize_host(url.raw_host.decode("ascii", "replace"))
+        name = netguard.normalize_host(url.raw_host or "")
         port = url.port or netguard.DEFAULT_PORTS[url.scheme]
         literal = netguard.parse_ip(name)
         if literal is None and not allow.admits_name(name, port):
@@ -620,50 +455,51 @@ class HttpConnector:
     async def _open(
         self,
         tool: str,
-        request: httpx.Request,
+        request: HttpRequest,
         allow: netguard.Allowlist,
         *,
         what: str,
         where: str,
-    ) -> tuple[httpx.Response, _Group]:
+    ) -> aiohttp.ClientResponse:
         """Check the request's destination, then send it to a checked address (the next one
         only if connecting to the previous failed, so nothing was sent)."""
         url = request.url
-        wait = float(request.extensions["timeout"].get("connect") or _CONNECT_TIMEOUT_CAP)
+        wait = request.timeout.sock_connect or CONNECT_TIMEOUT_CAP
         destination = await self._destination(tool, url, allow, what, wait)
-        if destination.server_name is not None:
-            request.extensions["sni_hostname"] = destination.server_name
-        group = await self._group(destination.server_name)
-        client = group.take()
-        try:
-            for index, address in enumerate(destination.addresses, start=1):
-                pinned = address.compressed  # the checked address: no second lookup, ever
-                request.url = url if url.host == pinned else url.copy_with(host=pinned)
-                try:
-                    return await client.send(request, stream=True), group
-                except httpx.ConnectError as exc:
-                    if index == len(destination.addresses):
-                        raise _transport_error(tool, where, exc) from None
-                except httpx.HTTPError as exc:
+        session = self._open_session()
+        last = len(destination.addresses)
+        for index, address in enumerate(destination.addresses, start=1):
+            pinned = address.compressed  # the checked address: no second lookup, ever
+            try:
+                return await session.request(
+                    request.method,
+                    url if url.raw_host == pinned else url.with_host(pinned),
+                    headers=request.headers,
+                    data=request.body,
+                    timeout=request.timeout,
+                    server_hostname=destination.server_name,
+                    allow_redirects=False,
+                    middlewares=None if request.resendable else _NO_RESEND,
+                )
+            except aiohttp.ClientConnectorError as exc:
+                if index == last:
                     raise _transport_error(tool, where, exc) from None
-            raise _transport_error(tool, where, httpx.ConnectError("no address"))
-        except BaseException:
-            await self._release(group)
-            raise
-        finally:
-            request.url = url
+            except _SEND_ERRORS as exc:
+                raise _transport_error(tool, where, exc) from None
+        raise AssertionError("unreachable: a destination has an address")  # pragma: no cover
 
     async def invoke(self, call: ToolCall) -> Any:
         """Send the call's request; return its output or raise a classified ConnectorError."""
         redact = _Redactor(call.config)
         try:
             request = self.build_request(call)
-        except httpx.InvalidURL:
-            raise _misconfigured(call.tool, "the URL is not valid") from None
-        except (AttributeError, TypeError, ValueError):
-            raise _misconfigured(call.tool, "the http config is malformed") from None
+        except ValueError:  # yarl's word for a URL it cannot read
+            raise misconfigured(call.tool, "the URL is not valid") from None
+        except (AttributeError, TypeError):
+            raise misconfigured(call.tool, "the http config is malformed") from None
         parent = parse_traceparent(call.traceparent)
-        url_scheme = request.url.scheme
+        url = request.url
+        host = url.raw_host or ""
         with telemetry.span(
             request.method,
             trace_id=call.trace_id,
@@ -671,8 +507,9 @@ class HttpConnector:
             kind=SpanKind.CLIENT,
             attributes={
                 "http.request.method": request.method,
-                "server.address": redact(request.url.host),  # a host may come from a secret
-                "server.port": request.url.port or netguard.DEFAULT_PORTS.get(url_scheme, 0),
+                # a host may come from a secret (only a configured URL can hold one)
+                "server.address": redact(host) if "${" in str(call.config["url"]) else host,
+                "server.port": url.port or 0,
             },
         ) as current:
             if telemetry.tracing_enabled():  # else the attempt's span stays the parent
@@ -684,26 +521,24 @@ class HttpConnector:
                 raise
 
     async def _send(
-        self, call: ToolCall, request: httpx.Request, redact: _Redactor, current: Span
+        self, call: ToolCall, request: HttpRequest, redact: _Redactor, current: Span
     ) -> Any:
         """Send `request` and follow its redirects (each hop checked); the answer's output."""
-        success = _success_statuses(call.tool, call.config)
-        allow = _allowlist(call.tool, call.config)
-        redirects = _max_redirects(call.tool, call.config)
-        secrets = _secret_headers(call.config)
+        success = success_statuses(call.tool, call.config)
+        allow = allowlist(call.tool, call.config)
+        redirects = max_redirects(call.tool, call.config)
         applied = False  # a write redirected as a GET may have been applied already
         try:
             for hop in range(redirects + 1):
-                where = redact(_safe_url(str(request.url)))
+                # Messages name the URL as it is; every error's message is redacted below.
+                where = _safe_url(request.url)
                 what = where if hop == 0 else f"the redirect to {where}"
-                response, group = await self._open(
-                    call.tool, request, allow, what=what, where=where
-                )
+                response = await self._open(call.tool, request, allow, what=what, where=where)
                 try:
-                    status = response.status_code
+                    status = response.status
                     current.set_attribute("http.response.status_code", status)
-                    location = response.headers.get("location")
-                    ok = response.is_success if success is None else status in success
+                    location = response.headers.get("Location")
+                    ok = 200 <= status < 300 if success is None else status in success
                     if ok or status not in _REDIRECTS or not location:
                         return await self._answer(call.tool, response, where, ok=ok)
                     if hop == redirects and redirects:
@@ -714,24 +549,14 @@ class HttpConnector:
                         )
                     if hop == redirects:
                         return await self._answer(call.tool, response, where, ok=False)
-                    try:
-                        target = request.url.join(location)
-                    except httpx.InvalidURL:
-                        raise ConnectorError(
-                            ErrorCode.DOWNSTREAM_REJECTED,
-                            f"{call.tool}: {where} redirected to an invalid URL",
-                            retryable=False,
-                        ) from None
-                    method = _redirect_method(request.method, status)
+                    target = redirect_target(call.tool, where, request.url, location)
+                    method = redirect_method(request.method, status)
                     applied = applied or (
                         request.method not in _SAFE_METHODS and method != request.method
                     )
-                    request = _redirected(request, request.url, target, status, secrets)
+                    request = redirected(request, target, status, secret_headers(call.config))
                 finally:
-                    try:
-                        await response.aclose()
-                    finally:
-                        await self._release(group)
+                    response.release()  # back to the pool when read through, else closed
         except ConnectorError as error:
             error.maybe_applied = error.maybe_applied or applied
             error.message = redact(error.message)  # a host or path may come from a secret
@@ -739,17 +564,17 @@ class HttpConnector:
             raise
         raise AssertionError("unreachable: the last hop answers or raises")  # pragma: no cover
 
-    async def _answer(self, tool: str, response: httpx.Response, where: str, *, ok: bool) -> Any:
+    async def _answer(
+        self, tool: str, response: aiohttp.ClientResponse, where: str, *, ok: bool
+    ) -> Any:
         """The output of a final answer, or the error its status stands for."""
         if not ok:
             # The status says it all: an error page is never read (nor its size trusted).
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            raise _status_error(
-                tool, response.status_code, retry_after, quota_reset(response.headers)
-            )
+            raise _status_error(tool, response.status, retry_after, quota_reset(response.headers))
         try:
             body = await _read_body(response, tool=tool, where=where, limit=self._max_body)
-        except httpx.HTTPError as exc:
+        except _SEND_ERRORS as exc:
             raise _transport_error(tool, where, exc) from None
         spent = quota_reset(response.headers)
         output = _output(response, body)

@@ -102,6 +102,21 @@ async def test_placeholders_are_filled_and_url_encoded(http, sink) -> None:
     assert req.query == {"full": ["true"], "q": ["z"]}
 
 
+async def test_argument_escapes_reach_the_server_as_sent(http, sink) -> None:
+    # ";", "=", "&" and "," mean something in a path to some servers (matrix parameters): an
+    # argument's escaped form is never decoded on the way.
+    await http.invoke(call({"url": f"{sink.url}/o/{{id}}"}, {"id": "a;b=c&d,e+f"}))
+    [req] = sink.requests()
+    assert req.path == "/o/a%3Bb%3Dc%26d%2Ce%2Bf"
+
+
+async def test_a_configured_url_is_encoded_only_where_it_must_be(http, sink) -> None:
+    await http.invoke(call({"url": f"{sink.url}/a b/\u00e9/%3B?x=1 2"}))
+    [req] = sink.requests()
+    assert req.path == "/a%20b/%C3%A9/%3B"
+    assert req.query == {"x": ["1 2"]}
+
+
 @pytest.mark.parametrize("args", [{}, {"order_id": None}, {"other": 1}])
 async def test_missing_placeholder_argument_is_invalid(http, sink, args) -> None:
     error = await failure(http, call({"url": f"{sink.url}/o/{{order_id}}"}, args))
@@ -415,7 +430,7 @@ async def test_a_non_http_scheme_is_refused(http) -> None:
 
 
 async def test_invoke_works_without_start_and_after_close(sink) -> None:
-    connector = HttpConnector(clients=1)
+    connector = HttpConnector()
     assert await connector.invoke(call({"url": f"{sink.url}/x"})) == {}
     await connector.close()
     assert await connector.invoke(call({"url": f"{sink.url}/x"})) == {}
@@ -429,6 +444,39 @@ async def test_concurrent_calls_each_apply_once(http, sink) -> None:
     outs = await asyncio.gather(*(http.invoke(c) for c in calls))
     assert outs == [{}] * 64
     assert sink.effects() == {f"task:s{i}": 1 for i in range(64)}
+
+
+async def test_calls_beyond_the_pool_wait_for_a_connection(sink) -> None:
+    connector = HttpConnector(max_connections=2)
+    sink.script("/slow", [Response(delay=0.05)] * 12)
+    try:
+        calls = [call({"url": f"{sink.url}/slow"}, idempotency_key=f"task:s{i}") for i in range(12)]
+        outs = await asyncio.gather(*(connector.invoke(c) for c in calls))
+    finally:
+        await connector.close()
+    assert outs == [{}] * 12
+    assert len(sink.requests("/slow")) == 12
+
+
+async def test_cookies_are_never_kept_between_calls(http, sink) -> None:
+    # One tool's session cookie must not ride along on another call, of this tool or any other.
+    sink.script("/login", [Response(headers=(("Set-Cookie", "session=s3cret; Path=/"),))])
+    await http.invoke(call({"url": f"{sink.url}/login"}))
+    await http.invoke(call({"url": f"{sink.url}/next"}))
+    [after] = sink.requests("/next")
+    assert "cookie" not in after.headers
+
+
+async def test_a_proxy_from_the_environment_is_not_used(http, sink, monkeypatch) -> None:
+    # The connection goes to the address that was checked, never to a proxy that would resolve
+    # and reach the destination itself.
+    dead = f"http://127.0.0.1:{dead_port()}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, dead)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert await http.invoke(call({"url": f"{sink.url}/direct"})) == {}
+    assert len(sink.requests("/direct")) == 1
 
 
 # Answer size ----------------------------------------------------------------------------------
@@ -604,4 +652,4 @@ def test_query_parameters_are_added_to_the_urls_own_query() -> None:
         "allow_hosts": ["127.0.0.1"],
     }
     request = connector.build_request(call(config, {"q": "x y"}))
-    assert request.url.params.multi_items() == [("key", "abc"), ("token", "t"), ("q", "x y")]
+    assert list(request.url.query.items()) == [("key", "abc"), ("token", "t"), ("q", "x y")]
