@@ -87,6 +87,7 @@ class Assignment:
     lease_expires_at_ms: int
     max_attempts: int
     heartbeat_timeout_ms: int = 0
+    idempotent: bool = False  # the catalogue says a second delivery is harmless
 
     def log_extra(self, event: str) -> dict[str, Any]:
         """The `extra` of a log line about this step."""
@@ -269,6 +270,7 @@ def assignment_from_proto(msg: pb.StepAssignment) -> Assignment:
         lease_expires_at_ms=msg.lease_expires_at_ms,
         max_attempts=msg.max_attempts,
         heartbeat_timeout_ms=msg.heartbeat_timeout_ms,
+        idempotent=msg.idempotent,
     )
 
 

@@ -237,6 +237,7 @@ class StepRunner:
             args=args,
             config=config,
             idempotency_key=assignment.idempotency_key,
+            idempotent=assignment.idempotent,
             attempt=assignment.lease.attempt,
             max_attempts=assignment.max_attempts,
             trace_id=assignment.trace_id,

@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
+from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_connectors.base import ConnectorError, Throttled, ToolCall
-from agent_reach_executor.client import Assignment, LeaseKey, StepResult, result_to_proto
+from agent_reach_executor.client import (
+    Assignment,
+    LeaseKey,
+    StepResult,
+    assignment_from_proto,
+    result_to_proto,
+)
 from agent_reach_executor.runner import StepRunner
 from tests.executor.fake_controller import FnConnector
 
@@ -356,3 +363,28 @@ async def test_a_spent_quota_reaches_the_result_whatever_the_outcome() -> None:
     failed = await run_with(limited)
     assert failed.failure is not None
     assert failed.throttle_s == 0.0  # nonsense from a connector is dropped, not sent
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_the_catalogues_idempotent_flag_reaches_the_connector(idempotent: bool) -> None:
+    wire = pb.StepAssignment(
+        lease=pb.LeaseRef(step_key=1, attempt=1),
+        task_id="task-1",
+        step_id="s",
+        tool="fn.x",
+        connector="fn",
+        config_json=b"{}",
+        args_json=b"{}",
+        idempotency_key="task-1:s",
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        timeout_ms=1000,
+        max_attempts=1,
+        idempotent=idempotent,
+    )
+
+    async def record(call: ToolCall) -> Any:
+        return None
+
+    connector = FnConnector("fn", record)
+    assert (await StepRunner({"fn": connector}).run(assignment_from_proto(wire))).succeeded
+    assert connector.calls[0].idempotent is idempotent

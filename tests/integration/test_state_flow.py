@@ -307,6 +307,11 @@ async def test_schedule_to_close_bounds_the_whole_step(database_url: str, tmp_pa
         [step] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         timeout_ms = assignment_to_proto(step, c.catalog["echo.tight"]).timeout_ms
         assert 1 <= timeout_ms <= 300  # the attempt gets what is left, not the tool's 30 s
+        # The executor learns whether a second delivery is harmless (its transport may resend).
+        spec = c.catalog["echo.tight"]
+        assert assignment_to_proto(step, spec).idempotent is True
+        unsafe = spec.model_copy(update={"idempotent": False})
+        assert assignment_to_proto(step, unsafe).idempotent is False
         await c.reporting.report(
             executor_id="x", results=[failed(step, "downstream_unavailable", retryable=True)]
         )

@@ -59,6 +59,7 @@ def assignment_to_proto(
         heartbeat_timeout_ms=int((timeouts.heartbeat or 0) * 1000),
         lease_expires_at_ms=to_ms(expires_at or step.lease_expires_at),
         max_attempts=step.max_attempts,
+        idempotent=tool.idempotent,
     )
 
 
