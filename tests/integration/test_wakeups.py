@@ -73,3 +73,46 @@ async def test_redis_pubsub_wakes_another_replica(
         assert isinstance(one.notifier, RedisNotifier)
         claimed = await poll_then_submit(one, two)
         assert [s.step_id for s in claimed] == ["a"]
+
+
+HELD = {
+    "name": "echo.held",
+    "description": "A write with a short undo window: queued, not due for 0.4 s.",
+    "connector": "echo",
+    "risk": "write",
+    "hold": "400ms",
+    "idempotent": True,
+}
+
+
+async def test_a_poll_after_a_draining_claim_still_sees_what_comes_and_what_falls_due(
+    database_url: str, tmp_path: Path
+) -> None:
+    # An executor polls again as soon as it is handed steps. When that claim drained the queue
+    # and nothing woke since, the next poll waits without claiming; it must still take a step
+    # submitted meanwhile (woken) and one that falls due (no wake-up: its time is known).
+    from tests.integration.stack import TOOLS
+
+    async with components_for(database_url, write_tools(tmp_path, [*TOOLS, HELD])) as c:
+        no_recheck(c)
+
+        async def submit(tool: str, step_id: str) -> None:
+            body = {"steps": [{"step_id": step_id, "tool": tool, "args": {}}]}
+            await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
+
+        def poll() -> Any:
+            return c.leasing.poll(executor_id="p", connectors=["echo"], limit=5, wait=20)
+
+        await submit("echo.held", "later")  # due in 0.4 s
+        await submit("echo.say", "now")
+        assert [s.step_id for s in await poll()] == ["now"]  # drained: "later" is not due
+        async with asyncio.timeout(10):  # the poll's own wait is 20 s
+            assert [s.step_id for s in await poll()] == ["later"]
+
+        polling = asyncio.create_task(poll())
+        async with asyncio.timeout(10):
+            while c.notifier.waiting == 0:  # noqa: ASYNC110 (a counter, polled to a deadline)
+                await asyncio.sleep(0.005)
+        await submit("echo.say", "woken")
+        async with asyncio.timeout(10):
+            assert [s.step_id for s in await polling] == ["woken"]

@@ -74,6 +74,22 @@ class Governance:
         return bool(self.pauses or self.caps or self.per_key or self.rates)
 
 
+# Pollers whose last claim drained the queue, remembered per replica (a bound, not a cache size
+# that matters: an entry is used once, by that poller's next poll).
+_DRAINED_KEPT = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drained:
+    """A claim leased fewer steps than asked, nothing governed: the queue it saw was empty."""
+
+    since: tuple[int, ...]  # the wake-up counters read just before that claim
+    due: datetime | None  # when its earliest deferred step becomes due
+
+    def still_quiet(self) -> bool:
+        return self.due is None or self.due > datetime.now(UTC)
+
+
 class LeasingService:
     """The executor's side of taking work: poll, claim, heartbeat. Safe in every replica."""
 
@@ -95,6 +111,7 @@ class LeasingService:
         self._guards = guards
         self.leases = leases
         self.tool_health = tool_health
+        self._drained: dict[tuple[str, tuple[str, ...]], Drained] = {}
         self.effect_caps = CapService(
             db=work.db, registry=work.registry, tenant_caps=guards.tenant_caps
         )
@@ -109,7 +126,7 @@ class LeasingService:
         poll_seq: int = 0,
     ) -> list[StepRow]:
         """Lease up to `limit` ready steps now; empty when there are none."""
-        claimed, _ = await self._claim(
+        claimed, _, _ = await self._claim(
             executor_id=executor_id,
             connectors=connectors,
             limit=limit,
@@ -161,13 +178,14 @@ class LeasingService:
         limit: int,
         session: Session | None = None,
         poll_seq: int = 0,
-    ) -> tuple[list[StepRow], datetime | None]:
-        """One transaction: lease what is ready, or say when the next deferred step is due.
+    ) -> tuple[list[StepRow], datetime | None, bool]:
+        """One transaction: lease what is ready; say when the next deferred step is due, and
+        whether the claim drained the queue (leased fewer than `limit`, no governance in play).
 
         A session that ended leases nothing (its heartbeat tells it to register again).
         """
         if limit <= 0 or not connectors:
-            return [], None
+            return [], None, False
         async with self._db.transaction() as conn:
             # A tool disabled or paused a moment ago is refused now: both read in one go.
             revision, active = await flow.revision_and_pauses(conn, now=datetime.now(UTC))
@@ -181,19 +199,25 @@ class LeasingService:
             )
             now = claim.now
             rules = await self._governance(conn, connectors, now, pauses=active)
-            if rules.active:
-                claimed = await self._claim_governed(conn, claim, rules)
+            if not rules.active:
+                # One statement: the lease, the tasks it starts, the next deferred step's time.
+                claimed, due = await claims.claim_ready(conn, claim)
+                drained = len(claimed) < limit
             else:
-                claimed = await claims.claim_ready(conn, claim)
+                # Rate limits, caps and breakers change with time alone: never "drained".
+                claimed, due, drained = await self._claim_governed(conn, claim, rules), None, False
+                if claimed:
+                    await steps.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+                else:
+                    due = await claims.next_due(conn, connectors, now=now)
+                    paused = rules.pauses.values()
+                    due = min([due, *paused] if due else paused, default=None)
             if not claimed:
-                due = await claims.next_due(conn, connectors, now=now)
-                paused = rules.pauses.values()
-                return [], min([due, *paused] if due else paused, default=None)
-            await steps.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+                return [], due, drained
             await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
         claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
         self.metrics.leased(claimed, now=now)
-        return claimed, None
+        return claimed, due, drained
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
         """End, instead of handing out, leased steps that may not run after all.
@@ -311,21 +335,37 @@ class LeasingService:
         session: Session | None = None,
         poll_seq: int = 0,
     ) -> list[StepRow]:
-        """Claim, waiting up to `wait` seconds for a step to become ready or due."""
+        """Claim, waiting up to `wait` seconds for a step to become ready or due.
+
+        An executor polls again as soon as it is handed steps. When its last claim drained the
+        queue and no wake-up has come since, a claim now would lease nothing: the poll goes
+        straight to waiting (each wait is still capped by `recheck` and the next due step).
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
         keys = [ready_key(c) for c in connectors]
+        holder = (session.id if session else executor_id, tuple(connectors))
+        quiet = self._drained.pop(holder, None)
         while True:
             since = self._notifier.snapshot(keys)
-            claimed, due = await self._claim(
-                executor_id=executor_id,
-                connectors=connectors,
-                limit=limit,
-                session=session,
-                poll_seq=poll_seq,
-            )
+            if quiet is not None and quiet.since == since and quiet.still_quiet():
+                claimed: list[StepRow] = []
+                due, drained = quiet.due, False
+            else:
+                claimed, due, drained = await self._claim(
+                    executor_id=executor_id,
+                    connectors=connectors,
+                    limit=limit,
+                    session=session,
+                    poll_seq=poll_seq,
+                )
+            quiet = None
             remaining = deadline - loop.time()
             if claimed or remaining <= 0:
+                if claimed and drained:
+                    if len(self._drained) >= _DRAINED_KEPT:
+                        self._drained.clear()
+                    self._drained[holder] = Drained(since=since, due=due)
                 return claimed
             pause = min(remaining, self.timings.recheck)
             if due is not None:

@@ -18,7 +18,12 @@ from agent_reach.states import StepStatus, Transition, sources, target
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import executor_sessions, steps
-from agent_reach_controller.storage.steps import NewEvent, append_events
+from agent_reach_controller.storage.steps import (
+    NewEvent,
+    append_events,
+    mark_tasks_running,
+    tasks_started,
+)
 
 
 async def next_due(
@@ -132,14 +137,17 @@ def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
     )
 
 
-async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
-    """Lease up to `limit` due ready steps to an executor, in fair order.
+async def claim_ready(
+    conn: AsyncConnection, claim: ClaimInput
+) -> tuple[list[StepRow], datetime | None]:
+    """Lease up to `limit` due ready steps to an executor, in fair order, and start their tasks
+    (`pending` → `running`); also says when the next deferred step of these connectors is due.
 
     The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit:
     one statement on Postgres (`hot.CLAIM_READY`).
     """
     if conn.dialect.name == "postgresql":
-        rows = await hot.claim_ready(
+        rows, due = await hot.claim_ready(
             conn,
             {
                 **_fair_params(claim, skip_tools=claim.exclude_tools, skip_keys=()),
@@ -149,7 +157,19 @@ async def claim_ready(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]
                 "session": bool(claim.executor),
             },
         )
-        return await _leased(conn, [StepRow.from_mapping(r) for r in rows], claim)
+        started = sorted({r["task_id"] for r in rows if r.pop("task_started")})
+        for row in rows:
+            del row["next_due"]
+        leased = await _leased(conn, [StepRow.from_mapping(r) for r in rows], claim)
+        await tasks_started(conn, started, now=claim.now)
+        return leased, due
+    leased = await _claim_ready_sqlite(conn, claim)
+    if leased:
+        await mark_tasks_running(conn, {s.task_id for s in leased}, now=claim.now)
+    return leased, await next_due(conn, claim.connectors, now=claim.now)
+
+
+async def _claim_ready_sqlite(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:
     keys = await fair_order(conn, claim)
     if not keys:
         return []

@@ -101,15 +101,34 @@ WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZ
     SELECT id AS step_key, updated_at AS queued_at FROM steps
     WHERE id IN (SELECT id FROM fair) AND status = 'ready'
     FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE steps SET status = 'running', lease_owner = %(owner)s,
+        lease_expires_at = %(lease_expires_at)s, lease_seq = %(lease_seq)s,
+        started_at = coalesce(steps.started_at, %(now)s), updated_at = %(now)s
+    FROM picked
+    WHERE steps.id = picked.step_key AND steps.status = 'ready'
+      AND (NOT %(session)s OR EXISTS (
+          SELECT 1 FROM executor_sessions WHERE id = %(owner)s AND ended_at IS NULL))
+    RETURNING steps.*, picked.queued_at
+), started AS (
+    -- pending -> running for the tasks of the leased steps; rows an advance holds are skipped
+    UPDATE tasks SET status = 'running', version = version + 1, updated_at = %(now)s
+    WHERE task_id IN (
+        SELECT task_id FROM tasks
+        WHERE task_id IN (SELECT task_id FROM leased) AND status = 'pending'
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING task_id
 )
-UPDATE steps SET status = 'running', lease_owner = %(owner)s,
-    lease_expires_at = %(lease_expires_at)s, lease_seq = %(lease_seq)s,
-    started_at = coalesce(steps.started_at, %(now)s), updated_at = %(now)s
-FROM picked
-WHERE steps.id = picked.step_key AND steps.status = 'ready'
-  AND (NOT %(session)s OR EXISTS (
-      SELECT 1 FROM executor_sessions WHERE id = %(owner)s AND ended_at IS NULL))
-RETURNING steps.*, picked.queued_at
+-- One row at least: the leased steps (none: every column of the step NULL), each saying whether
+-- its task has just started, and when the next deferred step of these connectors is due.
+SELECT leased.*, started.task_id IS NOT NULL AS task_started, due.next_due
+FROM (
+    SELECT min(not_before) AS next_due FROM steps
+    WHERE status = 'ready' AND connector = ANY(%(connectors)s::text[]) AND not_before > %(now)s
+) AS due
+LEFT JOIN leased ON true
+LEFT JOIN started ON started.task_id = leased.task_id
 """
 
 # A task's status, guarded by the version it was read at (optimistic lock).
@@ -278,12 +297,17 @@ def _utc(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def claim_ready(conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Run CLAIM_READY; the leased rows (every `steps` column, and `queued_at`)."""
+async def claim_ready(
+    conn: Connection, params: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Run CLAIM_READY: the leased rows (every `steps` column, `queued_at` and `task_started`),
+    and when the next deferred step is due."""
     pg = await driver(conn)
     async with pg.cursor(row_factory=dict_row) as cur:
         await cur.execute(CLAIM_READY, params, prepare=_prepared(pg))
-        return [_utc(row) for row in await cur.fetchall()]
+        found = [_utc(row) for row in await cur.fetchall()]
+    next_due: datetime | None = found[0]["next_due"] if found else None
+    return [row for row in found if row["id"] is not None], next_due
 
 
 # Reads of the report and claim paths: whole rows by key, and what an advance needs.

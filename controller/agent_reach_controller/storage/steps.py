@@ -638,6 +638,11 @@ async def mark_tasks_running(
             .returning(tasks.c.task_id)
         )
         running = [task_id for (task_id,) in rows.all()]
+    await tasks_started(conn, running, now=now)
+
+
+async def tasks_started(conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime) -> None:
+    """Record `pending` → `running` of these tasks (their rows already say so)."""
     await append_events(
         conn,
         [
@@ -648,7 +653,7 @@ async def mark_tasks_running(
                 to_status=TaskStatus.RUNNING,
                 created_at=now,
             )
-            for task_id in running
+            for task_id in task_ids
         ],
     )
 
