@@ -214,6 +214,11 @@ class Database:
                         check = await hook(conn)
                         if check is not None:
                             checks.append(check)
+                    if hooks and self.is_postgres and not checks:
+                        # Nothing to look at before COMMIT: it is queued behind the writes and
+                        # sent in the same round trip (psycopg's commit() would sync once more);
+                        # SQLAlchemy's commit then finds the transaction already closed.
+                        await (await driver(conn)).execute("COMMIT", prepare=False)
                 for check in checks:
                     await check()
                 finished = list(info.get(_AFTER_COMMIT, ()))
