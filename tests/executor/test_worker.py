@@ -297,9 +297,10 @@ async def test_results_survive_a_controller_restart(
         await wait_until(lambda: sum(r.method == "ReportResults" for r in failed()) >= 2)
         assert not fake.results
         await fake.start(fake.port)
-        await wait_until(lambda: all(k in fake.results for k in keys))
+        # gRPC's own reconnect backoff reaches 5 s (the default cap) while the port is closed.
+        await wait_until(lambda: all(k in fake.results for k in keys), within=15)
         late = fake.enqueue(connector="probe", args={"n": 3})
-        await wait_until(lambda: late in fake.results)  # and polls it again
+        await wait_until(lambda: late in fake.results, within=15)  # and polls it again
         assert worker.stats.results_accepted == 4
         # Its session lives in the controllers' database, not in the process that restarted:
         # the executor keeps it (and its leases) rather than registering again.
