@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench bench-http services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http bench-scale services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-faults  fault injection on real processes (AGENT_REACH_FAULTS_PROFILE=long)"
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
+	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
 	@echo "make tools   install promtool (Debian package prometheus) if missing"
 
 setup: $(STAMP)
@@ -94,6 +95,10 @@ bench: setup
 # The http connector's calls/s to a local downstream, SSRF guard on (median of 3).
 bench-http: setup
 	$(PY) -m tests.bench.http_connector
+
+# Steps/s and controller CPU per step with 10 k, 100 k and 1 M steps queued behind them.
+bench-scale: setup
+	$(PY) -m tests.bench.scale
 
 # An executor pool token for deploy/compose.yaml: the token in deploy/.env (compose reads it),
 # only its hash in deploy/executor-tokens.yaml (the controller's). Both are git-ignored.

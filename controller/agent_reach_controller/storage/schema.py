@@ -197,6 +197,14 @@ steps = sa.Table(
         postgresql_where=sa.text("status = 'ready'"),
         sqlite_where=sa.text("status = 'ready'"),
     ),
+    # When the next deferred step is due (every claim asks): only queued steps not due yet.
+    sa.Index(
+        "ix_steps_ready_deferred",
+        "connector",
+        "not_before",
+        postgresql_where=sa.text("status = 'ready' AND not_before IS NOT NULL"),
+        sqlite_where=sa.text("status = 'ready' AND not_before IS NOT NULL"),
+    ),
     # Fair claims: each tenant's queued steps in dispatch order, and the distinct tenants.
     sa.Index(
         "ix_steps_ready_fair",
