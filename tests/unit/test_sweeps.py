@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from sqlalchemy.exc import OperationalError
 
 from agent_reach_controller.metrics import ControllerMetrics
@@ -61,3 +62,14 @@ async def test_a_failing_sweep_does_not_stop_the_others() -> None:
     assert metrics.total(failures, sweep="healthy") == 0
     assert len(outages) >= 5  # only the lost database tells the lease keeper
     assert len(outages) <= runs["lost"]
+
+
+def test_a_sweep_that_scans_the_queue_takes_at_most_its_share_of_the_time() -> None:
+    async def nothing() -> None:
+        return None
+
+    counting = Sweep(name="queue_depth", run=nothing, every=1.5, share=0.1)
+    assert counting.pause_after(0.01) == 1.5  # a cheap count keeps its interval
+    assert counting.pause_after(0.6) == pytest.approx(5.4)  # 0.6 s of 6 s: a tenth
+    plain = Sweep(name="expired_leases", run=nothing, every=1.5)
+    assert plain.pause_after(3.0) == 1.5  # the others never stretch

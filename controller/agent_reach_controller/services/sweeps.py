@@ -22,11 +22,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sweep:
-    """One background duty: `run` once every `every` seconds."""
+    """One background duty: `run` once every `every` seconds, and, for a duty whose cost grows
+    with the data (counting the whole queue), no more than `share` of the time."""
 
     name: str
     run: Callable[[], Awaitable[Any]]
     every: float
+    share: float = 1.0
+
+    def pause_after(self, took: float) -> float:
+        """Seconds to wait after a run that took `took` seconds."""
+        return max(self.every, took * (1 / self.share - 1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +47,9 @@ async def run_sweep(sweep: Sweep, supervision: Supervision, *, offset: float = 0
     """Run `sweep` forever (until cancelled), first after `offset` seconds; a failure never
     ends the loop."""
     await asyncio.sleep(offset)
+    loop = asyncio.get_running_loop()
     while True:
+        began = loop.time()
         try:
             await sweep.run()
         except asyncio.CancelledError:
@@ -63,7 +71,7 @@ async def run_sweep(sweep: Sweep, supervision: Supervision, *, offset: float = 0
                 sweep.every,
                 extra={"event": "sweep_failed", "sweep": sweep.name},
             )
-        await asyncio.sleep(sweep.every)
+        await asyncio.sleep(sweep.pause_after(loop.time() - began))
 
 
 def start(sweeps: Sequence[Sweep], supervision: Supervision) -> list[asyncio.Task[None]]:
