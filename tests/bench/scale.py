@@ -67,6 +67,32 @@ async def _columns(conn: psycopg.AsyncConnection, table: str) -> list[str]:
     return [name for (name,) in await cur.fetchall()]
 
 
+# A task id is a UUID's text: each copy takes one derived from the template's and its number.
+_NEW_ID = "md5(t.task_id || '-' || g)::uuid::text"
+
+
+async def _copy(
+    conn: psycopg.AsyncConnection, table: str, derived: dict[str, str], copies: int, template: str
+) -> None:
+    """Insert `copies` copies of the template task's rows of `table`: every column as it is but
+    those `derived` (SQL over the row `t` and the copy number `g`) and the generated id."""
+    kept = [c for c in await _columns(conn, table) if c != "id" and c not in derived]
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {table} ({cols}) SELECT {values}"
+            " FROM {table} AS t CROSS JOIN generate_series(1, %s) AS g WHERE t.task_id = %s"
+            " ORDER BY g, t.ctid"
+        ).format(
+            table=sql.Identifier(table),
+            cols=sql.SQL(", ").join(map(sql.Identifier, [*derived, *kept])),
+            values=sql.SQL(", ").join(
+                [*map(sql.SQL, derived.values()), *(sql.Identifier("t", c) for c in kept)]
+            ),
+        ),
+        (copies, template),
+    )
+
+
 async def seed(stack: Stack, backlog: int) -> float:
     """Queue `backlog` ready steps: one plan through the API, copied by SQL. Seconds taken."""
     began = time.monotonic()
@@ -74,37 +100,10 @@ async def seed(stack: Stack, backlog: int) -> float:
         template = await _submit_one(client, plan_body(PLAN, "scale template"))
     copies = backlog // PLAN - 1
     async with await psycopg.AsyncConnection.connect(stack.database_url, autocommit=True) as conn:
-        task_cols = [c for c in await _columns(conn, "tasks") if c != "task_id"]
-        step_cols = [
-            c
-            for c in await _columns(conn, "steps")
-            if c not in ("id", "task_id", "idempotency_key")
-        ]
-        # A task id is a UUID's text: the copies take one derived from the template's.
-        new_id = sql.SQL("md5(t.task_id || '-' || g)::uuid::text")
-        await conn.execute(
-            sql.SQL(
-                "INSERT INTO tasks (task_id, {cols}) SELECT {new_id}, {values}"
-                " FROM tasks AS t CROSS JOIN generate_series(1, %s) AS g WHERE t.task_id = %s"
-            ).format(
-                cols=sql.SQL(", ").join(map(sql.Identifier, task_cols)),
-                new_id=new_id,
-                values=sql.SQL(", ").join(sql.Identifier("t", c) for c in task_cols),
-            ),
-            (copies, template),
-        )
-        await conn.execute(
-            sql.SQL(
-                "INSERT INTO steps (task_id, idempotency_key, {cols})"
-                " SELECT {new_id}, {new_id} || ':' || t.step_id, {values}"
-                " FROM steps AS t CROSS JOIN generate_series(1, %s) AS g WHERE t.task_id = %s"
-                " ORDER BY g, t.position"
-            ).format(
-                cols=sql.SQL(", ").join(map(sql.Identifier, step_cols)),
-                new_id=new_id,
-                values=sql.SQL(", ").join(sql.Identifier("t", c) for c in step_cols),
-            ),
-            (copies, template),
+        await _copy(conn, "tasks", {"task_id": _NEW_ID}, copies, template)
+        step_key = f"{_NEW_ID} || ':' || t.step_id"
+        await _copy(
+            conn, "steps", {"task_id": _NEW_ID, "idempotency_key": step_key}, copies, template
         )
         # What autovacuum would do soon after a million inserts, done now: measured is a queue at
         # rest, not one being vacuumed meanwhile.

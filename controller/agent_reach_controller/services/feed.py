@@ -31,7 +31,7 @@ from agent_reach_controller.services.queries import TaskNotFoundError
 from agent_reach_controller.storage import feed as store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.records import EventRow
-from agent_reach_controller.storage.wakeups import FOLLOW_REFRESH, Notifier, Wake, events_key
+from agent_reach_controller.storage.wakeups import FOLLOW_REFRESH, Notifier, events_key
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +197,10 @@ class EventFeed:
         """The task's status, then its events after `after` (a terminal status read first
         guarantees its last events are visible to the second read); with `announce`, tell the
         other replicas that this one follows the task."""
-        wake: Wake | None = None
         async with self._db.transaction() as conn:
             if announce:
-                wake = await self._notifier.publish(conn, follows=[task_id])
-            page = await self._read(conn, task_id, after=after)
-        if wake is not None:
-            await self._notifier.after_commit(wake)
-        return page
+                await self._notifier.announce(conn, follows=[task_id])
+            return await self._read(conn, task_id, after=after)
 
     async def _read(self, conn: Connection, task_id: str, *, after: int) -> Page:
         status = await store.task_status(conn, task_id)

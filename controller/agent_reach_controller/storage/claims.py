@@ -147,7 +147,7 @@ async def claim_ready(
     one statement on Postgres (`hot.CLAIM_READY`).
     """
     if conn.dialect.name == "postgresql":
-        rows, due = await hot.claim_ready(
+        rows, started, due = await hot.claim_ready(
             conn,
             {
                 **_fair_params(claim, skip_tools=claim.exclude_tools, skip_keys=()),
@@ -157,9 +157,6 @@ async def claim_ready(
                 "session": bool(claim.executor),
             },
         )
-        started = sorted({r["task_id"] for r in rows if r.pop("task_started")})
-        for row in rows:
-            del row["next_due"]
         leased = await _leased(conn, [StepRow.from_mapping(r) for r in rows], claim)
         await tasks_started(conn, started, now=claim.now)
         return leased, due

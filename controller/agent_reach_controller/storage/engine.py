@@ -30,9 +30,8 @@ _DRIVER = "agent_reach.driver"
 Check = Callable[[], Awaitable[None]]
 CommitHook = Callable[[AsyncConnection], Awaitable[Check | None]]
 AfterCommit = Callable[[], Awaitable[None]]
-# Told about every transaction of a Database just before it commits; what it returns runs once
-# the commit has succeeded (never after a rollback).
-CommitObserver = Callable[[AsyncConnection], Awaitable[AfterCommit | None]]
+# Told about every transaction of a Database just before it commits (it may register hooks).
+CommitObserver = Callable[[AsyncConnection], Awaitable[None]]
 
 
 def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
@@ -169,11 +168,8 @@ class Database:
         self._keep = pool_size if self.dialect == "postgresql" else 0
 
     def observe_commits(self, observer: CommitObserver) -> None:
-        """Call `observer(conn)` in every transaction just before its `before_commit` hooks.
-
-        The callable it returns, if any, is awaited once the transaction has committed (outside
-        SQLite's writer lock); a transaction that rolls back calls nothing.
-        """
+        """Call `observer(conn)` in every transaction just before its `before_commit` hooks
+        (what must wait for the commit, it registers with `on_commit`)."""
         self._observers.append(observer)
 
     @property
@@ -186,10 +182,9 @@ class Database:
 
         Callbacks registered with `before_commit` run, in order, just before a successful
         commit (batched writes such as the event log use it); observers (`observe_commits`)
-        run before them, and what they return after the commit, after the `after_commit` ones
-        and with the `on_commit` ones.
+        run before them. Once committed, the `after_commit` callbacks run, then the `on_commit`
+        coroutines (outside SQLite's writer lock).
         """
-        committed: list[AfterCommit] = []
         async with self._lock or contextlib.nullcontext(), self._begin() as conn:
             # Read once, while the connection is sound: on a connection that died mid-way
             # `conn.info` raises, and that error would replace the real one (a lost database).
@@ -197,9 +192,7 @@ class Database:
             try:
                 yield conn
                 for observer in self._observers:
-                    then = await observer(conn)
-                    if then is not None:
-                        committed.append(then)
+                    await observer(conn)
                 hooks = info.get(_BEFORE_COMMIT, ())
                 # On Postgres the buffered writes (rows, events, audit, wake-ups) are pipelined:
                 # one round trip for all of them.
@@ -222,7 +215,7 @@ class Database:
                 for check in checks:
                     await check()
                 finished = list(info.get(_AFTER_COMMIT, ()))
-                committed += info.get(_ON_COMMIT, ())
+                committed: list[AfterCommit] = list(info.get(_ON_COMMIT, ()))
             finally:
                 for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
                     del info[key]

@@ -299,15 +299,22 @@ def _utc(row: dict[str, Any]) -> dict[str, Any]:
 
 async def claim_ready(
     conn: Connection, params: Mapping[str, Any]
-) -> tuple[list[dict[str, Any]], datetime | None]:
-    """Run CLAIM_READY: the leased rows (every `steps` column, `queued_at` and `task_started`),
-    and when the next deferred step is due."""
+) -> tuple[list[dict[str, Any]], list[str], datetime | None]:
+    """Run CLAIM_READY: the leased rows (every `steps` column and `queued_at`), the tasks they
+    started, and when the next deferred step is due."""
     pg = await driver(conn)
     async with pg.cursor(row_factory=dict_row) as cur:
         await cur.execute(CLAIM_READY, params, prepare=_prepared(pg))
         found = [_utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
-    return [row for row in found if row["id"] is not None], next_due
+    leased, started = [], set()
+    for row in found:
+        if row.pop("task_started"):
+            started.add(row["task_id"])
+        del row["next_due"]
+        if row["id"] is not None:
+            leased.append(row)
+    return leased, sorted(started), next_due
 
 
 # Reads of the report and claim paths: whole rows by key, and what an advance needs.

@@ -29,7 +29,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import (
     TX_STATE_PREFIX,
-    AfterCommit,
     before_commit,
     on_commit,
 )
@@ -168,12 +167,16 @@ class Notifier:
         *,
         connectors: Iterable[str] = (),
         tasks: Iterable[str] = (),
+        events: Iterable[str] = (),
         follows: Iterable[str] = (),
     ) -> None:
         """Tell every replica, once `conn`'s transaction commits, what it changed: pollers of
-        these connectors, waiters on these tasks (nothing is told if it rolls back)."""
-        wake = await self.publish(conn, connectors=connectors, tasks=tasks, follows=follows)
-        if wake.connectors or wake.tasks or wake.follows:
+        these connectors, waiters on these tasks, followers of these tasks' events (nothing is
+        told if it rolls back)."""
+        wake = await self.publish(
+            conn, connectors=connectors, tasks=tasks, events=events, follows=follows
+        )
+        if wake.connectors or wake.tasks or wake.events or wake.follows:
 
             async def committed() -> None:
                 await self.after_commit(wake)
@@ -187,21 +190,15 @@ class Notifier:
         if keys:
             await self.mark(keys=keys)
 
-    async def announce_events(self, conn: AsyncConnection) -> AfterCommit | None:
+    async def announce_events(self, conn: AsyncConnection) -> None:
         """A commit observer (`Database.observe_commits`): every event appended wakes followers.
 
         Every event goes through `store.append_events`, so this one place covers every writer
         (submit, claims, reports, sweeps, caps, approvals) with no change to any of them.
         """
         tasks = tasks_with_events(conn)
-        if not tasks:
-            return None
-        wake = await self.publish(conn, events=tasks)
-
-        async def committed() -> None:
-            await self.after_commit(wake)
-
-        return committed
+        if tasks:
+            await self.announce(conn, events=tasks)
 
     async def start(self) -> None:
         return None
