@@ -15,8 +15,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import Connection, Database, before_commit
+from agent_reach_controller.storage.commit import json_rows
+from agent_reach_controller.storage.engine import (
+    TX_STATE_PREFIX,
+    Connection,
+    Database,
+    before_commit,
+)
 from agent_reach_controller.storage.schema import audit_log
+
+# A Postgres transaction's entries, written when it commits.
+_PENDING = f"{TX_STATE_PREFIX}audit"
 
 _COLUMNS = (
     audit_log.c.id,
@@ -82,13 +91,19 @@ async def insert_entry(  # noqa: PLR0913  (the fields of one entry, all by keywo
     entry = {"at": at, "data": data, "actor": actor, "tenant": tenant, "action": action}
     entry["target"] = target
     if conn.dialect.name == "postgresql":
-
-        async def insert(conn: Connection) -> None:
-            await hot.insert_audit_entry(conn, entry)
-
-        before_commit(conn, insert)  # in the commit's round trip, with the other writes
+        # Written at commit, in the commit statement: a transaction's entries are one insert,
+        # so their ids keep the order they were recorded in.
+        pending: list[dict[str, Any]] | None = conn.info.get(_PENDING)
+        if pending is None:
+            pending = conn.info[_PENDING] = []
+            before_commit(conn, _insert_pending)
+        pending.append(entry)
     else:
         await conn.execute(sa.insert(audit_log).values(**entry))
+
+
+async def _insert_pending(conn: Connection) -> None:
+    hot.insert_audit_entries(conn, json_rows(conn.info.pop(_PENDING, [])))
 
 
 async def try_seal_lock(conn: Connection, key: str) -> bool:

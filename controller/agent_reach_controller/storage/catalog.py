@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import Check, before_commit
+from agent_reach_controller.storage.engine import before_commit
 from agent_reach_controller.storage.schema import catalog_state, tool_changes, tool_heads, tools
 from agent_reach_controller.storage.steps import dialect_insert
 
@@ -70,7 +70,7 @@ async def revision(conn: AsyncConnection, *, lock: bool = False) -> int:
 async def expect_revision(conn: AsyncConnection, expected: int) -> None:
     """Commit only if the catalogue is still at `expected`, else raise CatalogChangedError.
 
-    On Postgres the read rides in the commit's pipeline, as late as it can be (no round trip
+    On Postgres the check is part of the commit statement, as late as it can be (no round trip
     of its own); on SQLite, the one writer, it is made at once.
     """
     if conn.dialect.name != "postgresql":
@@ -78,15 +78,8 @@ async def expect_revision(conn: AsyncConnection, expected: int) -> None:
             raise CatalogChangedError
         return
 
-    async def guard(c: AsyncConnection) -> Check:
-        sent = await hot.catalog_revision(c)
-
-        async def check() -> None:
-            row = await sent.fetchone()
-            if row is None or int(row[0]) != expected:
-                raise CatalogChangedError
-
-        return check
+    async def guard(c: AsyncConnection) -> None:
+        hot.expect_revision(c, expected, CatalogChangedError)
 
     before_commit(conn, guard)
 

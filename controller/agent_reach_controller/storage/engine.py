@@ -14,6 +14,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Pending
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
+from agent_reach_controller.storage.commit import CommitStatement
+
 # The handle every storage function takes: one connection inside one transaction. Layers above
 # storage name it by this alias and never import SQLAlchemy themselves.
 Connection = AsyncConnection
@@ -23,12 +25,10 @@ TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 _AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
 _ON_COMMIT = f"{TX_STATE_PREFIX}on_commit"
+_STATEMENT = f"{TX_STATE_PREFIX}statement"
 # Kept for the life of the pooled connection (its `info` is per DBAPI connection).
 _DRIVER = "agent_reach.driver"
-# What a hook may hand back: called once the pipeline has been answered, still before COMMIT;
-# raising there rolls the transaction back (a guard whose read rode in the pipeline).
-Check = Callable[[], Awaitable[None]]
-CommitHook = Callable[[AsyncConnection], Awaitable[Check | None]]
+CommitHook = Callable[[AsyncConnection], Awaitable[None]]
 AfterCommit = Callable[[], Awaitable[None]]
 # Told about every transaction of a Database just before it commits (it may register hooks).
 CommitObserver = Callable[[AsyncConnection], Awaitable[None]]
@@ -37,10 +37,17 @@ CommitObserver = Callable[[AsyncConnection], Awaitable[None]]
 def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
     """Run `hook(conn)` just before this transaction commits (not if it rolls back).
 
-    On Postgres the hooks' statements share one pipeline; a hook that must look at what its
-    statement returned hands back a `Check`, called once the pipeline is answered.
+    On Postgres the hooks add their writes and guards to one statement (`commit_statement`),
+    sent with the COMMIT; on SQLite they run their statements at once.
     """
     conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
+
+
+def commit_statement(conn: AsyncConnection) -> CommitStatement:
+    """The statement a Postgres transaction's commit hooks add their writes and guards to
+    (only while they run)."""
+    statement: CommitStatement = conn.info[_STATEMENT]
+    return statement
 
 
 def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
@@ -194,26 +201,11 @@ class Database:
                 for observer in self._observers:
                     await observer(conn)
                 hooks = info.get(_BEFORE_COMMIT, ())
-                # On Postgres the buffered writes (rows, events, audit, wake-ups) are pipelined:
-                # one round trip for all of them.
-                batch: contextlib.AbstractAsyncContextManager[Any] = (
-                    (await driver(conn)).pipeline()
-                    if hooks and self.is_postgres
-                    else contextlib.nullcontext()
-                )
-                checks: list[Check] = []
-                async with batch:
+                if hooks and self.is_postgres:
+                    await self._commit_statement(conn, hooks)
+                else:
                     for hook in hooks:
-                        check = await hook(conn)
-                        if check is not None:
-                            checks.append(check)
-                    if hooks and self.is_postgres and not checks:
-                        # Nothing to look at before COMMIT: it is queued behind the writes and
-                        # sent in the same round trip (psycopg's commit() would sync once more);
-                        # SQLAlchemy's commit then finds the transaction already closed.
-                        await (await driver(conn)).execute("COMMIT", prepare=False)
-                for check in checks:
-                    await check()
+                        await hook(conn)
                 finished = list(info.get(_AFTER_COMMIT, ()))
                 committed: list[AfterCommit] = list(info.get(_ON_COMMIT, ()))
             finally:
@@ -223,6 +215,29 @@ class Database:
             done()
         for then in committed:
             await then()
+
+    async def _commit_statement(self, conn: AsyncConnection, hooks: list[CommitHook]) -> None:
+        """Run the hooks on Postgres: the writes they buffer (rows, events, audit, wake-ups) and
+        their guards become one statement, sent with the COMMIT in one round trip. A failed
+        guard raises its refusal (nothing was written: the COMMIT found the statement failed)."""
+        statement = conn.info[_STATEMENT] = CommitStatement()
+        for hook in hooks:
+            await hook(conn)
+        del conn.info[_STATEMENT]
+        if not statement:
+            return
+        pg = await driver(conn)
+        try:
+            async with pg.pipeline():
+                await statement.send(pg, prepare=None if pg.prepare_threshold is None else True)
+                # psycopg's commit() would sync once more; SQLAlchemy's commit then finds the
+                # transaction already closed.
+                await pg.execute("COMMIT", prepare=False)
+        except psycopg.Error as error:
+            refusal = statement.refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from None
 
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[AsyncConnection]:

@@ -18,12 +18,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent_reach_controller.storage import schema
-from agent_reach_controller.storage.engine import Connection, driver
+from agent_reach_controller.storage.commit import json_rows
+from agent_reach_controller.storage.engine import Connection, commit_statement, driver
 
 # Every event of a transaction, in one statement, from one JSON array (psycopg dumps one string
 # far faster than eight arrays), in the order appended: their ids are the log's order.
@@ -38,10 +39,15 @@ FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
 ORDER BY e.n
 """
 
-# One unsealed audit entry (no seq, no hash: the sealer chains it later).
-INSERT_AUDIT_ENTRY = """
+# A transaction's unsealed audit entries (no seq, no hash: the sealer chains them later), in the
+# order recorded.
+INSERT_AUDIT_ENTRIES = """
 INSERT INTO audit_log (at, actor, tenant, action, target, data)
-VALUES (%(at)s, %(actor)s, %(tenant)s, %(action)s, %(target)s, %(data)s)
+SELECT e.at, e.actor, e.tenant, e.action, e.target, e.data
+FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+    at timestamptz, actor text, tenant text, action text, target text, data jsonb
+)) WITH ORDINALITY AS e(at, actor, tenant, action, target, data, n)
+ORDER BY e.n
 """
 
 # A transaction's wake-ups, delivered by Postgres when (and only if) it commits.
@@ -49,8 +55,9 @@ NOTIFY = """
 SELECT pg_notify(n->>0, n->>1) FROM jsonb_array_elements(%(messages)s::jsonb) AS n
 """
 
-# The catalogue's revision, read in the commit's pipeline (the guard of a submit).
 CATALOG_REVISION = "SELECT revision FROM catalog_state WHERE id = 1"
+# Whether the catalogue is still at the revision a plan was validated against (a submit's guard).
+FRESH_CATALOG = "SELECT revision = %(expected)s AS fresh FROM catalog_state WHERE id = 1"
 
 # A new Idempotency-Key: no row back means another submit holds it.
 CLAIM_IDEMPOTENCY_KEY = """
@@ -180,15 +187,18 @@ _TABLES = {t.name: (t, _json_columns(t)) for t in (schema.tasks, schema.steps)}
 
 @functools.lru_cache(maxsize=64)
 def insert_rows_sql(table: str, columns: tuple[str, ...]) -> str:
-    """`INSERT INTO table (columns) VALUES (…)`: one text per set of columns, so each set is
-    prepared once (a submit writes the same few sets over and over)."""
+    """`INSERT INTO table (columns)` from a JSON array of rows, in the array's order: one text
+    per set of columns, so each set is prepared once (a submit writes the same few sets)."""
     known = _TABLES[table][0].c
     unknown = [c for c in columns if c not in known]
     if unknown:
         raise ValueError(f"{table} has no column(s) {unknown}")
     names = ", ".join(columns)
-    values = ", ".join(f"%({c})s" for c in columns)
-    return f"INSERT INTO {table} ({names}) VALUES ({values})"
+    return (
+        f"INSERT INTO {table} ({names}) SELECT {names}"
+        f" FROM jsonb_populate_recordset(NULL::{table}, %(rows)s::jsonb) WITH ORDINALITY"
+        " ORDER BY ordinality"
+    )
 
 
 def _value(value: Any, *, json: bool) -> Any:
@@ -214,30 +224,25 @@ def by_columns(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], list[
     return groups
 
 
-async def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert whole rows of `tasks` or `steps`, one prepared statement per set of columns."""
-    json_columns = _TABLES[table][1]
-    pg = await driver(conn)
-    async with pg.cursor() as cur:
-        for columns, group in by_columns(rows).items():
-            bound = [_bound(row, json_columns) for row in group]
-            await cur.executemany(insert_rows_sql(table, columns), bound)
+def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert whole rows of `tasks` or `steps` at commit, one part per set of columns."""
+    statement = commit_statement(conn)
+    for columns, group in by_columns(rows).items():
+        statement.write(insert_rows_sql(table, columns), {"rows": json_rows(group)})
 
 
-async def insert_events(conn: Connection, rows: str) -> None:
-    """Append events: `rows` is a JSON array of objects of the `events` columns but `id`."""
-    pg = await driver(conn)
-    await pg.execute(INSERT_EVENTS, {"rows": rows}, prepare=_prepared(pg))
+def insert_events(conn: Connection, rows: str) -> None:
+    """Append events at commit: `rows` is a JSON array of `events` rows without their `id`."""
+    commit_statement(conn).write(INSERT_EVENTS, {"rows": rows})
 
 
-async def insert_audit_entry(conn: Connection, entry: Mapping[str, Any]) -> None:
-    pg = await driver(conn)
-    await pg.execute(INSERT_AUDIT_ENTRY, _bound(entry, frozenset({"data"})), prepare=_prepared(pg))
+def insert_audit_entries(conn: Connection, rows: str) -> None:
+    """Append audit entries at commit: `rows` is a JSON array of unsealed `audit_log` rows."""
+    commit_statement(conn).write(INSERT_AUDIT_ENTRIES, {"rows": rows})
 
 
-async def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
-    pg = await driver(conn)
-    await pg.execute(NOTIFY, {"messages": json.dumps(messages)}, prepare=_prepared(pg))
+def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
+    commit_statement(conn).select(NOTIFY, {"messages": json.dumps(messages)})
 
 
 async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:
@@ -272,16 +277,21 @@ async def change_steps(
     return {key: attempt for key, attempt in await cur.fetchall()}
 
 
-async def catalog_revision(conn: Connection) -> AsyncCursor[Any]:
-    """Send the catalogue-revision read; its row is there once the pipeline is answered."""
-    pg = await driver(conn)
-    return await pg.execute(CATALOG_REVISION, prepare=_prepared(pg))
+def expect_revision(conn: Connection, expected: int, refusal: type[Exception]) -> None:
+    """Commit only if the catalogue is at `expected` then, else raise `refusal()`."""
+    commit_statement(conn).expect(
+        FRESH_CATALOG,
+        {"expected": expected},
+        holds="coalesce(bool_and(fresh), false)",
+        refusal=refusal,
+    )
 
 
-async def claim_idempotency_key(conn: Connection, row: Mapping[str, Any]) -> AsyncCursor[Any]:
-    """Send the key's insert; once answered, a row back means this transaction holds the key."""
-    pg = await driver(conn)
-    return await pg.execute(CLAIM_IDEMPOTENCY_KEY, row, prepare=_prepared(pg))
+def claim_idempotency_key(
+    conn: Connection, row: Mapping[str, Any], refusal: type[Exception]
+) -> None:
+    """Insert the key at commit; if another transaction holds it, raise `refusal()`."""
+    commit_statement(conn).expect(CLAIM_IDEMPOTENCY_KEY, row, holds="count(*) = 1", refusal=refusal)
 
 
 def _prepared(pg: AsyncConnection[Any]) -> bool | None:

@@ -6,7 +6,6 @@ pauses) in `flow_store.py`.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, apply, target
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, Check, before_commit
+from agent_reach_controller.storage.commit import json_rows
+from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.storage.records import (
     EventRow,
     QueuedTool,
@@ -87,7 +87,7 @@ async def _flush_events(conn: AsyncConnection) -> None:
         for e in new
     ]
     if conn.dialect.name == "postgresql":
-        await hot.insert_events(conn, _json_rows(rows))
+        hot.insert_events(conn, json_rows(rows))
     else:
         await conn.execute(events.insert(), rows)
 
@@ -350,8 +350,8 @@ class NewTask:
     async def _insert(self, conn: AsyncConnection) -> None:
         rows = list(self._steps.values())
         if conn.dialect.name == "postgresql":
-            await hot.insert_rows(conn, "tasks", [self.task])
-            await hot.insert_rows(conn, "steps", rows)
+            hot.insert_rows(conn, "tasks", [self.task])
+            hot.insert_rows(conn, "steps", rows)
             return
         await conn.execute(tasks.insert().values(**self.task))
         for group in hot.by_columns(rows).values():  # an advance sets some columns on some rows
@@ -386,17 +386,6 @@ def _sql_type(column: sa.Column[Any]) -> str:
     return "jsonb"
 
 
-def _json_rows(rows: Any) -> str:
-    """Rows as one compact JSON text, for `jsonb_to_recordset` (timestamps in ISO 8601)."""
-    return json.dumps(rows, default=_json_default, separators=(",", ":"))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"cannot store {type(value).__name__}")
-
-
 async def _change_steps_set_based(
     conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
 ) -> dict[int, int]:
@@ -417,7 +406,7 @@ async def _change_steps_set_based(
             }
             for c in group
         ]
-        payload = _json_rows(rows)
+        payload = json_rows(rows)
         moved.update(await hot.change_steps(conn, fields, rows=payload, now=now))
     return moved
 
@@ -751,19 +740,13 @@ async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> N
     """Record (principal, key) → task, or raise KeyTakenError (rolling the transaction back).
 
     A concurrent submit with the same key waits on the unique index until the first one ends,
-    so exactly one task is created per key. On Postgres the insert rides in the commit's
-    pipeline and the error comes at commit; on SQLite it comes at once.
+    so exactly one task is created per key. On Postgres the insert is part of the commit
+    statement and the error comes at commit; on SQLite it comes at once.
     """
     if conn.dialect.name == "postgresql":
 
-        async def claim(c: AsyncConnection) -> Check:
-            sent = await hot.claim_idempotency_key(c, row)
-
-            async def check() -> None:
-                if await sent.fetchone() is None:
-                    raise KeyTakenError
-
-            return check
+        async def claim(c: AsyncConnection) -> None:
+            hot.claim_idempotency_key(c, row, KeyTakenError)
 
         before_commit(conn, claim)
         return

@@ -325,7 +325,7 @@ class PostgresNotifier(_ListeningNotifier):
 async def _send_notifies(conn: AsyncConnection) -> None:
     pending: list[tuple[str, str]] = conn.info.pop(_NOTIFY, [])
     if pending:
-        await hot.notify(conn, pending)
+        hot.notify(conn, pending)
 
 
 class RedisNotifier(_ListeningNotifier):
