@@ -1,7 +1,8 @@
 """A Postgres transaction's commit-time writes and guards are one statement, sent with COMMIT.
 
 What that must keep: a guard that fails writes nothing of its transaction (the refusal comes back
-as the guard's own error), and a submit costs the database exactly one write transaction.
+as the guard's own error), and each part keeps its own parameters. (What a task costs in
+transactions is counted in `test_commits.py`.)
 """
 
 from __future__ import annotations
@@ -51,26 +52,6 @@ async def test_a_failed_guard_writes_nothing_and_raises_its_own_error(
         )
         assert fresh.created
         assert _count(postgres_url, "SELECT count(*) FROM idempotency_keys") == 1
-
-
-async def test_a_submit_is_one_write_transaction(postgres_url: str, tmp_path: Path) -> None:
-    # Transaction ids are handed out only to transactions that write: the next one to be handed
-    # out, read before and after, counts the write transactions in between (this database is
-    # the only one the test suite writes to while it runs).
-    next_xid = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
-    async with components_for(postgres_url, write_tools(tmp_path)) as c:
-        plan = parse_plan(BODY, c.catalog)
-        await c.intake.submit(SubmitInput(plan=plan, request=BODY))  # warm: tool versions loaded
-        before = _count(postgres_url, next_xid)
-        await c.intake.submit(
-            SubmitInput(
-                plan=plan,
-                request=BODY,
-                idempotency_key="once",
-                catalog_revision=c.registry.revision,
-            )
-        )
-        assert _count(postgres_url, next_xid) - before == 1
 
 
 async def test_parts_keep_their_own_parameters(postgres_url: str) -> None:

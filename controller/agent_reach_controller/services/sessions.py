@@ -174,10 +174,16 @@ class SessionService:
         return (_session_of(row), row.secret_hash) if row else None
 
     async def touch(self, conn: Connection, session_id: str, *, now: datetime) -> datetime:
-        """Record that the session is alive; returns its new expiry, or SessionEndedError."""
+        """Record that the session is alive; returns its new expiry. SessionEndedError if it
+        has ended: on Postgres from the transaction's next round trip, which carries the update."""
         expires = now + self.liveness
-        if not await storage.touch_session(conn, session_id, now=now, expires_at=expires):
-            raise SessionEndedError(session_id)
+        await storage.touch_session(
+            conn,
+            session_id,
+            now=now,
+            expires_at=expires,
+            ended=lambda: SessionEndedError(session_id),
+        )
         return expires
 
     async def end_expired(self, conn: Connection, *, now: datetime) -> list[str]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -26,9 +27,12 @@ _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 _AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
 _ON_COMMIT = f"{TX_STATE_PREFIX}on_commit"
 _STATEMENT = f"{TX_STATE_PREFIX}statement"
+_QUEUED = f"{TX_STATE_PREFIX}queued"
 # Kept for the life of the pooled connection (its `info` is per DBAPI connection).
 _DRIVER = "agent_reach.driver"
 CommitHook = Callable[[AsyncConnection], Awaitable[None]]
+# Told the cursor of a queued statement once it is answered; raising fails the transaction.
+Answered = Callable[[psycopg.AsyncCursor[Any]], None]
 AfterCommit = Callable[[], Awaitable[None]]
 # Told about every transaction of a Database just before it commits (it may register hooks).
 CommitObserver = Callable[[AsyncConnection], Awaitable[None]]
@@ -41,6 +45,45 @@ def before_commit(conn: AsyncConnection, hook: CommitHook) -> None:
     sent with the COMMIT; on SQLite they run their statements at once.
     """
     conn.info.setdefault(_BEFORE_COMMIT, []).append(hook)
+
+
+def queue_statement(
+    conn: AsyncConnection, sql: str, params: Mapping[str, Any], then: Answered
+) -> None:
+    """Send a statement with this Postgres transaction's next round trip, ahead of what that
+    round trip carries; `then(cursor)` is called once it is answered. For a write whose outcome
+    is only checked (a session's heartbeat ahead of a report's locks): it costs no round trip
+    of its own. Whatever is still queued at commit goes, and is checked, before the commit."""
+    queued: list[tuple[str, Mapping[str, Any], Answered]] = conn.info.setdefault(_QUEUED, [])
+    queued.append((sql, params, then))
+
+
+@contextlib.asynccontextmanager
+async def round_trip(
+    conn: AsyncConnection, *, pipeline: bool = False
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The psycopg connection of a Postgres transaction, for statements sent together: in one
+    pipeline (one round trip) with the queued statements and, if the transaction has sent
+    nothing yet, the BEGIN psycopg would otherwise send in a round trip of its own. Without
+    either, and unless `pipeline`, statements go as they are executed."""
+    pg = await driver(conn)
+    queued: list[tuple[str, Mapping[str, Any], Answered]] = conn.info.pop(_QUEUED, [])
+    if not (queued or pipeline or pg.info.transaction_status is TransactionStatus.IDLE):
+        yield pg
+        return
+    async with pg.pipeline():
+        sent = [
+            (await pg.execute(sql, params, prepare=prepare(pg)), then)
+            for sql, params, then in queued
+        ]
+        yield pg
+    for cursor, then in sent:
+        then(cursor)
+
+
+def prepare(pg: psycopg.AsyncConnection[Any]) -> bool | None:
+    """Prepare at once, unless the connection prepares nothing (`Database(prepare=False)`)."""
+    return None if pg.prepare_threshold is None else True
 
 
 def commit_statement(conn: AsyncConnection) -> CommitStatement:
@@ -200,6 +243,9 @@ class Database:
                 yield conn
                 for observer in self._observers:
                     await observer(conn)
+                if info.get(_QUEUED):
+                    async with round_trip(conn):
+                        pass
                 hooks = info.get(_BEFORE_COMMIT, ())
                 if hooks and self.is_postgres:
                     await self._commit_statement(conn, hooks)
@@ -229,7 +275,7 @@ class Database:
         pg = await driver(conn)
         try:
             async with pg.pipeline():
-                await statement.send(pg, prepare=None if pg.prepare_threshold is None else True)
+                await statement.send(pg, prepare=prepare(pg))
                 # psycopg's commit() would sync once more; SQLAlchemy's commit then finds the
                 # transaction already closed.
                 await pg.execute("COMMIT", prepare=False)

@@ -13,18 +13,24 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg import AsyncConnection
+from psycopg import AsyncCursor
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent_reach_controller.storage import schema
 from agent_reach_controller.storage.commit import json_rows
-from agent_reach_controller.storage.engine import Connection, commit_statement, driver
+from agent_reach_controller.storage.engine import (
+    Connection,
+    commit_statement,
+    prepare,
+    queue_statement,
+    round_trip,
+)
 
 # Every event of a transaction, in one statement, from one JSON array (psycopg dumps one string
 # far faster than eight arrays), in the order appended: their ids are the log's order.
@@ -246,34 +252,36 @@ def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
 
 
 async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:
-    pg = await driver(conn)
-    cur = await pg.execute(SET_TASK_STATUS, _bound(params, frozenset()), prepare=_prepared(pg))
+    cur = await _run(conn, SET_TASK_STATUS, _bound(params, frozenset()))
     return cur.rowcount == 1
 
 
 async def mark_tasks_running(
     conn: Connection, task_ids: Sequence[str], *, now: Any, pending: str, running: str
 ) -> list[str]:
-    pg = await driver(conn)
     params = {"task_ids": list(task_ids), "now": now, "pending": pending, "running": running}
-    cur = await pg.execute(MARK_TASKS_RUNNING, params, prepare=_prepared(pg))
+    cur = await _run(conn, MARK_TASKS_RUNNING, params)
     return [task_id for (task_id,) in await cur.fetchall()]
 
 
-async def touch_session(conn: Connection, params: Mapping[str, Any]) -> bool:
-    pg = await driver(conn)
-    cur = await pg.execute(TOUCH_SESSION, params, prepare=_prepared(pg))
-    return cur.rowcount > 0
+def touch_session(
+    conn: Connection, params: Mapping[str, Any], ended: Callable[[], Exception]
+) -> None:
+    """Queue a session's heartbeat for the next round trip; `ended()` is raised then if the
+    session has ended."""
+
+    def check(cursor: AsyncCursor[Any]) -> None:
+        if cursor.rowcount == 0:
+            raise ended()
+
+    queue_statement(conn, TOUCH_SESSION, params, check)
 
 
 async def change_steps(
     conn: Connection, fields: tuple[tuple[str, str], ...], *, rows: str, now: Any
 ) -> dict[int, int]:
     """Run `change_steps_sql(fields)` over a JSON array of rows; {step key: attempt} moved."""
-    pg = await driver(conn)
-    cur = await pg.execute(
-        change_steps_sql(fields), {"rows": rows, "now": now}, prepare=_prepared(pg)
-    )
+    cur = await _run(conn, change_steps_sql(fields), {"rows": rows, "now": now})
     return {key: attempt for key, attempt in await cur.fetchall()}
 
 
@@ -294,9 +302,14 @@ def claim_idempotency_key(
     commit_statement(conn).expect(CLAIM_IDEMPOTENCY_KEY, row, holds="count(*) = 1", refusal=refusal)
 
 
-def _prepared(pg: AsyncConnection[Any]) -> bool | None:
-    """Prepare at once, unless the connection prepares nothing (`Database(prepare=False)`)."""
-    return None if pg.prepare_threshold is None else True
+async def _run(
+    conn: Connection, sql: str, params: Mapping[str, Any], *, dicts: bool = False
+) -> AsyncCursor[Any]:
+    """Execute a prepared statement (with whatever must share its round trip)."""
+    async with round_trip(conn) as pg:
+        cur: AsyncCursor[Any] = pg.cursor(row_factory=dict_row) if dicts else pg.cursor()
+        await cur.execute(sql, params, prepare=prepare(pg))
+    return cur
 
 
 def _utc(row: dict[str, Any]) -> dict[str, Any]:
@@ -312,10 +325,8 @@ async def claim_ready(
 ) -> tuple[list[dict[str, Any]], list[str], datetime | None]:
     """Run CLAIM_READY: the leased rows (every `steps` column and `queued_at`), the tasks they
     started, and when the next deferred step is due."""
-    pg = await driver(conn)
-    async with pg.cursor(row_factory=dict_row) as cur:
-        await cur.execute(CLAIM_READY, params, prepare=_prepared(pg))
-        found = [_utc(row) for row in await cur.fetchall()]
+    cur = await _run(conn, CLAIM_READY, params, dicts=True)
+    found = [_utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
     leased, started = [], set()
     for row in found:
@@ -364,17 +375,13 @@ FROM (SELECT 1) AS one LEFT JOIN tool_pauses AS p ON p.until > %(now)s
 
 async def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A prepared read's rows as dicts, timestamps in UTC."""
-    pg = await driver(conn)
-    async with pg.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, params, prepare=_prepared(pg))
-        return [_utc(row) for row in await cur.fetchall()]
+    cur = await _run(conn, sql, params, dicts=True)
+    return [_utc(row) for row in await cur.fetchall()]
 
 
 async def tuples(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """A prepared read's rows as tuples (no timestamp among them is converted)."""
-    pg = await driver(conn)
-    cur = await pg.execute(sql, params, prepare=_prepared(pg))
-    return await cur.fetchall()
+    return await (await _run(conn, sql, params)).fetchall()
 
 
 # The steps an advance needs: the blocked ones and those they depend on, in task order.
@@ -394,20 +401,16 @@ async def advance_reads(
     conn: Connection, ids: Sequence[str], *, with_tasks: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Any, ...]]]:
     """(task rows, advanceable step rows, status counts) of these tasks, in one round trip."""
-    pg = await driver(conn)
     params = {"ids": list(ids)}
-    async with (
-        pg.cursor(row_factory=dict_row) as tasks,
-        pg.cursor(row_factory=dict_row) as steps,
-        pg.cursor() as counts,
-    ):
-        async with pg.pipeline():
-            if with_tasks:
-                await tasks.execute(TASKS_BY_ID, params, prepare=_prepared(pg))
-            await steps.execute(ADVANCEABLE_STEPS, params, prepare=_prepared(pg))
-            await counts.execute(STATUS_COUNTS, params, prepare=_prepared(pg))
-        found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
-        return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
+    async with round_trip(conn, pipeline=True) as pg:
+        tasks, steps = pg.cursor(row_factory=dict_row), pg.cursor(row_factory=dict_row)
+        counts = pg.cursor()
+        if with_tasks:
+            await tasks.execute(TASKS_BY_ID, params, prepare=prepare(pg))
+        await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
+        await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+    found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
+    return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
 
 
 async def locked_reads(
@@ -418,10 +421,9 @@ async def locked_reads(
     A pipeline runs its statements in order, so the steps are read once the locks are held:
     what the previous holder committed is visible.
     """
-    pg = await driver(conn)
     params = {"keys": list(keys)}
-    async with pg.cursor(row_factory=dict_row) as tasks, pg.cursor(row_factory=dict_row) as steps:
-        async with pg.pipeline():
-            await tasks.execute(LOCK_TASK_ROWS_OF_STEPS, params, prepare=_prepared(pg))
-            await steps.execute(STEPS_BY_KEY, params, prepare=_prepared(pg))
-        return [_utc(r) for r in await tasks.fetchall()], [_utc(r) for r in await steps.fetchall()]
+    async with round_trip(conn, pipeline=True) as pg:
+        tasks, steps = pg.cursor(row_factory=dict_row), pg.cursor(row_factory=dict_row)
+        await tasks.execute(LOCK_TASK_ROWS_OF_STEPS, params, prepare=prepare(pg))
+        await steps.execute(STEPS_BY_KEY, params, prepare=prepare(pg))
+    return [_utc(r) for r in await tasks.fetchall()], [_utc(r) for r in await steps.fetchall()]

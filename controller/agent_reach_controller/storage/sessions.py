@@ -4,7 +4,7 @@ the running steps their leases hold. The rules (`services/sessions.py`) build se
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -101,18 +101,27 @@ async def newest_live_session(
 
 
 async def touch_session(
-    conn: Connection, session_id: str, *, now: datetime, expires_at: datetime
-) -> bool:
-    """Move a live session's last heartbeat and expiry; False when it has ended (or is unknown)."""
+    conn: Connection,
+    session_id: str,
+    *,
+    now: datetime,
+    expires_at: datetime,
+    ended: Callable[[], Exception],
+) -> None:
+    """Move a live session's last heartbeat and expiry; raise `ended()` if it has ended (or is
+    unknown). On Postgres the update goes with the transaction's next round trip (it is checked
+    then): what the transaction does meanwhile is rolled back if the session has ended."""
     if conn.dialect.name == "postgresql":
         params = {"session_id": session_id, "now": now, "expires_at": expires_at}
-        return await hot.touch_session(conn, params)
+        hot.touch_session(conn, params, ended)
+        return
     done = await conn.execute(
         sa.update(executor_sessions)
         .where(executor_sessions.c.id == session_id, executor_sessions.c.ended_at.is_(None))
         .values(last_seen_at=now, expires_at=expires_at)
     )
-    return bool(done.rowcount)
+    if not done.rowcount:
+        raise ended()
 
 
 async def end_expired_sessions(conn: Connection, *, now: datetime) -> list[str]:
