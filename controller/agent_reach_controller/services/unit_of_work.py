@@ -143,11 +143,14 @@ class TaskWork:
         self._connectors.update(connectors)
         self._finished.update(tasks)
 
-    async def advance(self) -> Advanced:
+    async def advance(self, *, last: bool = False) -> Advanced:
         """Advance the locked tasks now (the unit also does it before committing if steps
-        moved since): unblock, skip, ask for approval, settle task statuses."""
+        moved since): unblock, skip, ask for approval, settle task statuses. The `last` one,
+        after which nothing reads the task rows, writes their statuses with the commit."""
         self._moved = False
-        advanced = await self._work.advance(self.conn, self._locked, now=self.now, tasks=self.tasks)
+        advanced = await self._work.advance(
+            self.conn, self._locked, now=self.now, tasks=self.tasks, at_commit=last
+        )
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         return advanced
 
@@ -168,7 +171,7 @@ class TaskWork:
 
     async def _close(self) -> None:
         if self._moved:
-            await self.advance()
+            await self.advance(last=True)
         if self._connectors or self._finished:
             await self._work.notifier.announce(
                 self.conn, connectors=self._connectors, tasks=self._finished
@@ -254,8 +257,10 @@ class UnitOfWork:
         *,
         now: datetime,
         tasks: dict[str, TaskRow],
+        at_commit: bool = False,
     ) -> Advanced:
-        """Unblock, skip or fail what the current step states allow; settle task statuses.
+        """Unblock, skip or fail what the current step states allow; settle task statuses
+        (written `at_commit` if nothing reads them before: see `store.AtCommit`).
 
         The caller holds the tasks' row locks and read `tasks` under them.
         """
@@ -270,7 +275,10 @@ class UnitOfWork:
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in rows:
             by_task[step.task_id].append(step)
-        return await self.advance_loaded(conn, tasks, by_task, now=now, counts=counts)
+        writes = store.AtCommit(conn) if at_commit else store.Stored(conn)
+        return await self.advance_loaded(
+            conn, tasks, by_task, now=now, counts=counts, writes=writes
+        )
 
     async def advance_loaded(
         self,

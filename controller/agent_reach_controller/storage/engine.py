@@ -105,6 +105,25 @@ def on_commit(conn: AsyncConnection, then: AfterCommit) -> None:
     conn.info.setdefault(_ON_COMMIT, []).append(then)
 
 
+async def _commit(conn: AsyncConnection) -> None:
+    """Commit what a Postgres transaction sent (nothing if its COMMIT already went)."""
+    if conn.in_transaction():  # a statement went through SQLAlchemy: it commits them all
+        await conn.commit()
+        return
+    pg = await driver(conn)
+    if pg.info.transaction_status is not TransactionStatus.IDLE:
+        await pg.commit()
+
+
+async def _rollback(conn: AsyncConnection) -> None:
+    if conn.in_transaction():
+        await conn.rollback()
+        return
+    pg = await driver(conn)
+    if pg.info.transaction_status is not TransactionStatus.IDLE:
+        await pg.rollback()
+
+
 def normalize_url(url: str) -> str:
     """Map user-facing URLs (`postgresql://`, `sqlite:///x.db`) to the async drivers we ship."""
     parsed = make_url(url)
@@ -156,6 +175,8 @@ async def driver(conn: AsyncConnection) -> psycopg.AsyncConnection[Any]:
     conn.info[_DRIVER] = found
     return found
 
+
+_LOST: tuple[type[Exception], ...] = (*STORAGE_DOWN, OSError)
 
 # What a failed ping raises: the driver refused, or the socket did.
 DATABASE_ERRORS: tuple[type[Exception], ...] = (OSError, DBAPIError)
@@ -276,8 +297,8 @@ class Database:
         try:
             async with pg.pipeline():
                 await statement.send(pg, prepare=prepare(pg))
-                # psycopg's commit() would sync once more; SQLAlchemy's commit then finds the
-                # transaction already closed.
+                # psycopg's commit() would sync once more; the transaction's end then finds it
+                # committed.
                 await pg.execute("COMMIT", prepare=False)
         except psycopg.Error as error:
             refusal = statement.refusal(error)
@@ -287,27 +308,47 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[AsyncConnection]:
-        """A transaction on a kept connection if one is idle (Postgres), else on a new one."""
+        """A transaction on a kept connection if one is idle (Postgres), else on a new one.
+
+        On Postgres SQLAlchemy's transaction object is not used: its begin and commit cost more
+        CPU than the statements of a claim. psycopg begins the transaction with its first
+        statement, and it is committed here, through SQLAlchemy only if a statement went through
+        it (which began its own transaction on the same connection).
+        """
         if not self._keep:
             async with self.engine.begin() as conn:
                 yield conn
             return
         conn = self._idle.pop() if self._idle else await self.engine.connect()
         try:
-            async with conn.begin():
-                yield conn
+            yield conn
+            await _commit(conn)
         except Exception:
-            if conn.invalidated:  # the server went away: the other kept ones are likely dead too
-                await self._drop_idle()
-            await self._release(conn)
+            await self._abandon(conn)
             raise
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
             await conn.close()
             raise
         await self._release(conn)
 
+    async def _abandon(self, conn: AsyncConnection) -> None:
+        """Roll back a failed transaction; if the server went away, drop the kept ones too."""
+        try:
+            await _rollback(conn)
+        except _LOST:
+            with contextlib.suppress(*_LOST):
+                await conn.invalidate()
+        if conn.invalidated:  # the server went away: the other kept ones are likely dead too
+            await self._drop_idle()
+        await self._release(conn)
+
     async def _release(self, conn: AsyncConnection) -> None:
         sound = not (conn.invalidated or conn.closed or conn.in_transaction())
+        if sound:
+            pg: psycopg.AsyncConnection[Any] | None = conn.info.get(_DRIVER)
+            sound = pg is None or (
+                not pg.closed and pg.info.transaction_status is TransactionStatus.IDLE
+            )
         if sound and len(self._idle) < self._keep:
             self._idle.append(conn)
         else:
@@ -316,7 +357,7 @@ class Database:
     async def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
-            with contextlib.suppress(*STORAGE_DOWN, OSError):
+            with contextlib.suppress(*_LOST):
                 await conn.invalidate()
 
     async def ping(self) -> None:
@@ -327,6 +368,6 @@ class Database:
     async def close(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
-            with contextlib.suppress(*STORAGE_DOWN, OSError):
+            with contextlib.suppress(*_LOST):
                 await conn.close()
         await self.engine.dispose()

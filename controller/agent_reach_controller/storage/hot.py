@@ -151,6 +151,17 @@ UPDATE tasks SET status = %(status)s, version = %(version)s + 1, updated_at = %(
 WHERE task_id = %(task_id)s AND version = %(version)s
 """
 
+# Tasks' statuses at commit, each guarded by the version it was read at; every row must match.
+SET_TASK_STATUSES = """
+UPDATE tasks AS t SET status = v.status, version = t.version + 1, updated_at = v.now,
+    finished_at = v.finished_at
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(
+    task_id text, version int, status text, now timestamptz, finished_at timestamptz
+)
+WHERE t.task_id = v.task_id AND t.version = v.version
+RETURNING %(expected)s::int AS expected
+"""
+
 # pending -> running for the tasks of freshly leased steps; rows an advance holds are skipped.
 MARK_TASKS_RUNNING = """
 UPDATE tasks SET status = %(running)s, version = version + 1, updated_at = %(now)s
@@ -254,6 +265,19 @@ def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
 async def set_task_status(conn: Connection, params: Mapping[str, Any]) -> bool:
     cur = await _run(conn, SET_TASK_STATUS, _bound(params, frozenset()))
     return cur.rowcount == 1
+
+
+def set_task_statuses(
+    conn: Connection, rows: str, *, expected: int, refusal: type[Exception]
+) -> None:
+    """Write tasks' statuses at commit (`rows`: a JSON array); unless all `expected` rows match
+    their version, nothing of the transaction is written and `refusal()` is raised."""
+    commit_statement(conn).expect(
+        SET_TASK_STATUSES,
+        {"rows": rows, "expected": expected},
+        holds="count(*) = coalesce(max(expected), -1)",
+        refusal=refusal,
+    )
 
 
 async def mark_tasks_running(

@@ -49,6 +49,7 @@ class NewEvent:
 
 
 _EVENTS = f"{TX_STATE_PREFIX}events"
+_TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"
 _FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
 
@@ -296,6 +297,47 @@ class Stored:
 
     async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
         return await set_task_status(self.conn, task, status, now=now)
+
+
+class TaskChangedError(Exception):
+    """A locked task's row was not at the version it was read at when its status was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class AtCommit:
+    """As `Stored`, but each task's last status is written with the commit (on Postgres in the
+    commit statement, no round trip of its own): for the advance a unit of work ends with, after
+    which nothing in the transaction reads the task rows. The tasks must be locked."""
+
+    conn: AsyncConnection
+
+    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
+        return await change_steps(self.conn, changes, now=now)
+
+    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
+        conn = self.conn
+        if conn.dialect.name != "postgresql":
+            return await set_task_status(conn, task, status, now=now)
+        pending: dict[str, dict[str, Any]] | None = conn.info.get(_TASK_STATUSES)
+        if pending is None:
+            pending = conn.info[_TASK_STATUSES] = {}
+            before_commit(conn, _write_task_statuses)
+        # The version read under the lock: a later status of the same task replaces this one.
+        version = pending[task.task_id]["version"] if task.task_id in pending else task.version
+        pending[task.task_id] = {
+            "task_id": task.task_id,
+            "version": version,
+            "status": status,
+            "now": now,
+            "finished_at": now if status in _FINISHED else None,
+        }
+        await append_events(conn, [_task_status_event(task.task_id, task.status, status, now=now)])
+        return True
+
+
+async def _write_task_statuses(conn: AsyncConnection) -> None:
+    rows = list(conn.info.pop(_TASK_STATUSES, {}).values())
+    hot.set_task_statuses(conn, json_rows(rows), expected=len(rows), refusal=TaskChangedError)
 
 
 class NewTask:
