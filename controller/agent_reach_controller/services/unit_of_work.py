@@ -114,7 +114,9 @@ class TaskWork:
     async def change(self, changes: Sequence[StepChange]) -> set[int]:
         """Apply decided changes (compare-and-set on each step's status and attempt); returns
         the ids of the steps that moved. Their events are written with the commit."""
-        moved = await store.change_steps(self.conn, changes, now=self.now)
+        # What the advance will read is read in the same round trip (it is stale, and read
+        # again, if anything changes the steps before).
+        moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=self._locked)
         self._moved = self._moved or bool(moved)
         return moved
 

@@ -302,11 +302,32 @@ def touch_session(
 
 
 async def change_steps(
-    conn: Connection, fields: tuple[tuple[str, str], ...], *, rows: str, now: Any
-) -> dict[int, int]:
-    """Run `change_steps_sql(fields)` over a JSON array of rows; {step key: attempt} moved."""
-    cur = await _run(conn, change_steps_sql(fields), {"rows": rows, "now": now})
-    return {key: attempt for key, attempt in await cur.fetchall()}
+    conn: Connection,
+    groups: Sequence[tuple[tuple[tuple[str, str], ...], str]],
+    *,
+    now: Any,
+    advance_of: Sequence[str] = (),
+) -> tuple[dict[int, int], tuple[list[dict[str, Any]], list[tuple[Any, ...]]] | None]:
+    """Run `change_steps_sql(fields)` over each group's JSON array of rows, in one round trip;
+    ({step key: attempt} moved, and, for the tasks `advance_of`, what their advance reads once
+    the changes are made: the advanceable steps and the status counts, read in the same trip)."""
+    async with round_trip(conn, pipeline=len(groups) > 1 or bool(advance_of)) as pg:
+        sent = []
+        for fields, rows in groups:
+            cur = pg.cursor()
+            await cur.execute(
+                change_steps_sql(fields), {"rows": rows, "now": now}, prepare=prepare(pg)
+            )
+            sent.append(cur)
+        if advance_of:
+            params = {"ids": list(advance_of)}
+            steps, counts = pg.cursor(row_factory=dict_row), pg.cursor()
+            await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
+            await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+    moved = {key: attempt for cur in sent for key, attempt in await cur.fetchall()}
+    if not advance_of:
+        return moved, None
+    return moved, ([_utc(r) for r in await steps.fetchall()], await counts.fetchall())
 
 
 def expect_revision(conn: Connection, expected: int, refusal: type[Exception]) -> None:

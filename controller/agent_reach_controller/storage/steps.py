@@ -50,6 +50,8 @@ class NewEvent:
 
 _EVENTS = f"{TX_STATE_PREFIX}events"
 _TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"
+# What an advance of some tasks reads, read right after their steps last changed.
+_READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
 _FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
 
@@ -118,7 +120,12 @@ async def load_for_advance(
     if conn.dialect.name != "postgresql":
         tasks = await load_tasks(conn, ids) if with_tasks else {}
         return tasks, await load_advanceable_steps(conn, ids), await status_counts(conn, ids)
-    task_rows, step_rows, count_rows = await hot.advance_reads(conn, ids, with_tasks=with_tasks)
+    ahead = conn.info.pop(_READ_AHEAD, None)
+    task_rows: list[dict[str, Any]]
+    if not with_tasks and ahead is not None and ahead[0] == ids:
+        task_rows, step_rows, count_rows = [], ahead[1], ahead[2]
+    else:
+        task_rows, step_rows, count_rows = await hot.advance_reads(conn, ids, with_tasks=with_tasks)
     counts: dict[str, Counter[StepStatus]] = {}
     for task_id, status, count in count_rows:
         counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
@@ -247,20 +254,27 @@ async def change_step(conn: AsyncConnection, change: StepChange, *, now: datetim
 
 
 async def change_steps(
-    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+    conn: AsyncConnection,
+    changes: Sequence[StepChange],
+    *,
+    now: datetime,
+    advance_of: Sequence[str] = (),
 ) -> set[int]:
     """Apply many transitions, each a compare-and-set on (status, attempt), with their events.
 
     Returns the keys of the steps that moved; a step missing from it had already moved on (a
     concurrent transition won, or the result is from an older attempt) and nothing was written
-    for it. On Postgres each group of like changes is one statement; SQLite takes them one by one.
+    for it. On Postgres each group of like changes is one statement, all in one round trip,
+    which also reads what the advance of the tasks `advance_of` will need (`load_for_advance`
+    uses it if nothing changed their steps since); SQLite takes them one by one.
     """
     for change in changes:
         apply(change.step.status, change.transition)  # raises IllegalTransitionError
+    conn.info.pop(_READ_AHEAD, None)  # the steps change: what was read ahead is stale
     if not changes:
         return set()
     if conn.dialect.name == "postgresql":
-        moved = await _change_steps_set_based(conn, changes, now=now)
+        moved = await _change_steps_set_based(conn, changes, now=now, advance_of=advance_of)
     else:
         moved = {}
         for change in changes:
@@ -429,14 +443,20 @@ def _sql_type(column: sa.Column[Any]) -> str:
 
 
 async def _change_steps_set_based(
-    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+    conn: AsyncConnection,
+    changes: Sequence[StepChange],
+    *,
+    now: datetime,
+    advance_of: Sequence[str] = (),
 ) -> dict[int, int]:
-    """UPDATE … FROM jsonb_to_recordset(:rows): one statement per set of columns changed."""
-    groups: dict[tuple[str, ...], list[StepChange]] = {}
+    """UPDATE … FROM jsonb_to_recordset(:rows): one statement per set of columns changed, all in
+    one round trip, with the reads of the advance of `advance_of` behind them (kept for
+    `load_for_advance`)."""
+    by_columns: dict[tuple[str, ...], list[StepChange]] = {}
     for change in changes:
-        groups.setdefault(tuple(sorted(change.values)), []).append(change)
-    moved: dict[int, int] = {}
-    for columns, group in groups.items():
+        by_columns.setdefault(tuple(sorted(change.values)), []).append(change)
+    groups = []
+    for columns, group in by_columns.items():
         fields = tuple((c, _sql_type(steps.c[c])) for c in columns)
         rows = [
             {
@@ -448,8 +468,11 @@ async def _change_steps_set_based(
             }
             for c in group
         ]
-        payload = json_rows(rows)
-        moved.update(await hot.change_steps(conn, fields, rows=payload, now=now))
+        groups.append((fields, json_rows(rows)))
+    ids = sorted(set(advance_of))
+    moved, ahead = await hot.change_steps(conn, groups, now=now, advance_of=ids)
+    if ahead is not None:
+        conn.info[_READ_AHEAD] = (ids, *ahead)
     return moved
 
 
