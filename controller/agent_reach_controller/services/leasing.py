@@ -200,8 +200,14 @@ class LeasingService:
             now = claim.now
             rules = await self._governance(conn, connectors, now, pauses=active)
             if not rules.active:
-                # One statement: the lease, the tasks it starts, the next deferred step's time.
-                claimed, due = await claims.claim_ready(conn, claim)
+                # One statement: the lease, the tasks it starts, their events, the next deferred
+                # step's time; with the COMMIT, unless a breaker's probe may follow.
+                probes = any(
+                    t.breaker is not None
+                    for t in self._registry.catalog.values()
+                    if t.connector in connectors
+                )
+                claimed, due = await claims.claim_ready(conn, claim, last=not probes)
                 drained = len(claimed) < limit
             else:
                 # Rate limits, caps and breakers change with time alone: never "drained".

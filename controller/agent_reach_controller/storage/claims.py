@@ -6,6 +6,7 @@ transaction-scoped advisory locks so two replicas never both see room for the sa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,8 +22,8 @@ from agent_reach_controller.storage.schema import executor_sessions, steps
 from agent_reach_controller.storage.steps import (
     NewEvent,
     append_events,
+    events_written,
     mark_tasks_running,
-    tasks_started,
 )
 
 
@@ -138,13 +139,14 @@ def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
 
 
 async def claim_ready(
-    conn: AsyncConnection, claim: ClaimInput
+    conn: AsyncConnection, claim: ClaimInput, *, last: bool = False
 ) -> tuple[list[StepRow], datetime | None]:
     """Lease up to `limit` due ready steps to an executor, in fair order, and start their tasks
     (`pending` → `running`); also says when the next deferred step of these connectors is due.
 
     The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit:
-    one statement on Postgres (`hot.CLAIM_READY`).
+    one statement on Postgres (`hot.CLAIM_READY`, its events included). If it is the `last`
+    write of its transaction, the COMMIT goes in the same round trip.
     """
     if conn.dialect.name == "postgresql":
         rows, started, due = await hot.claim_ready(
@@ -155,10 +157,12 @@ async def claim_ready(
                 "lease_expires_at": claim.lease_expires_at,
                 "lease_seq": claim.lease_seq,
                 "session": bool(claim.executor),
+                "who": json.dumps(claim.who),
             },
+            commit=last,
         )
-        leased = await _leased(conn, [StepRow.from_mapping(r) for r in rows], claim)
-        await tasks_started(conn, started, now=claim.now)
+        leased = [StepRow.from_mapping(r) for r in rows]
+        events_written(conn, [*(s.task_id for s in leased), *started])
         return leased, due
     leased = await _claim_ready_sqlite(conn, claim)
     if leased:

@@ -108,7 +108,8 @@ FAIR_ORDER = f"WITH RECURSIVE owners(p) AS ({_OWNERS}){_FAIR}"
 # The ungoverned claim in one statement: the fair order, the rows still queued locked (rows
 # another claimer holds are skipped; MATERIALIZED, or the planner may evaluate the locking
 # subquery twice and lease rows it did not lock), and the lease, taken only while the holder's
-# session lives. Each row comes back with `queued_at`, the `updated_at` it had before the lease.
+# session lives, the tasks it starts, and the events of both. Each row comes back with
+# `queued_at`, the `updated_at` it had before the lease.
 CLAIM_READY = f"""
 WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZED (
     SELECT id AS step_key, updated_at AS queued_at FROM steps
@@ -132,6 +133,18 @@ WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZ
         FOR UPDATE SKIP LOCKED
     )
     RETURNING task_id
+), recorded AS (
+    -- the events of both, leases first, in the order leased
+    INSERT INTO events (task_id, step_id, kind, from_status, to_status, attempt, data, created_at)
+    SELECT e.task_id, e.step_id, e.kind, e.from_status, e.to_status, e.attempt, e.data, %(now)s
+    FROM (
+        SELECT task_id, step_id, 'lease' AS kind, 'ready' AS from_status, status AS to_status,
+            attempt, %(who)s::jsonb AS data, 0 AS part, id AS n
+        FROM leased
+        UNION ALL
+        SELECT task_id, NULL, 'task_status', 'pending', 'running', NULL, NULL, 1, 0 FROM started
+    ) AS e
+    ORDER BY e.part, e.n
 )
 -- One row at least: the leased steps (none: every column of the step NULL), each saying whether
 -- its task has just started, and when the next deferred step of these connectors is due.
@@ -366,11 +379,16 @@ def _utc(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def claim_ready(
-    conn: Connection, params: Mapping[str, Any]
+    conn: Connection, params: Mapping[str, Any], *, commit: bool
 ) -> tuple[list[dict[str, Any]], list[str], datetime | None]:
     """Run CLAIM_READY: the leased rows (every `steps` column and `queued_at`), the tasks they
-    started, and when the next deferred step is due."""
-    cur = await _run(conn, CLAIM_READY, params, dicts=True)
+    started, and when the next deferred step is due. With `commit`, the transaction's COMMIT
+    goes in the same round trip: the claim must be the last thing it writes."""
+    async with round_trip(conn, pipeline=commit) as pg:
+        cur = pg.cursor(row_factory=dict_row)
+        await cur.execute(CLAIM_READY, params, prepare=prepare(pg))
+        if commit:
+            await pg.execute("COMMIT", prepare=False)
     found = [_utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
     leased, started = [], set()

@@ -50,6 +50,7 @@ class NewEvent:
 
 _EVENTS = f"{TX_STATE_PREFIX}events"
 _TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"
+_WRITTEN = f"{TX_STATE_PREFIX}events_written"
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
 _FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
@@ -66,10 +67,19 @@ async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
     buffered.extend(new)
 
 
+def events_written(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
+    """Say that a statement of this transaction wrote events of these tasks itself (the claim
+    does), so that their followers are told as for appended ones."""
+    written: set[str] = conn.info.setdefault(_WRITTEN, set())
+    written.update(task_ids)
+
+
 def tasks_with_events(conn: AsyncConnection) -> frozenset[str]:
-    """The tasks this transaction has appended events to and not yet flushed (see notifier)."""
+    """The tasks this transaction has appended events to and not yet flushed, or written by a
+    statement of its own (see notifier)."""
     buffered: list[NewEvent] = conn.info.get(_EVENTS, [])
-    return frozenset(e.task_id for e in buffered)
+    written: set[str] = conn.info.get(_WRITTEN, set())
+    return frozenset(e.task_id for e in buffered) | written
 
 
 async def _flush_events(conn: AsyncConnection) -> None:
