@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg import AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -332,15 +332,26 @@ async def change_steps(
                 change_steps_sql(fields), {"rows": rows, "now": now}, prepare=prepare(pg)
             )
             sent.append(cur)
-        if advance_of:
-            params = {"ids": list(advance_of)}
-            steps, counts = pg.cursor(row_factory=dict_row), pg.cursor()
-            await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
-            await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+        ahead = await _send_advance_reads(pg, advance_of) if advance_of else None
     moved = {key: attempt for cur in sent for key, attempt in await cur.fetchall()}
-    if not advance_of:
-        return moved, None
-    return moved, ([_utc(r) for r in await steps.fetchall()], await counts.fetchall())
+    return moved, (await _advance_rows(*ahead) if ahead else None)
+
+
+async def _send_advance_reads(
+    pg: AsyncConnection[Any], ids: Sequence[str]
+) -> tuple[AsyncCursor[Any], AsyncCursor[Any]]:
+    """Send what an advance of these tasks reads: their advanceable steps, their status counts."""
+    params = {"ids": list(ids)}
+    steps, counts = pg.cursor(row_factory=dict_row), pg.cursor()
+    await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
+    await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+    return steps, counts
+
+
+async def _advance_rows(
+    steps: AsyncCursor[Any], counts: AsyncCursor[Any]
+) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    return [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
 
 
 def expect_revision(conn: Connection, expected: int, refusal: type[Exception]) -> None:
@@ -464,16 +475,13 @@ async def advance_reads(
     conn: Connection, ids: Sequence[str], *, with_tasks: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Any, ...]]]:
     """(task rows, advanceable step rows, status counts) of these tasks, in one round trip."""
-    params = {"ids": list(ids)}
     async with round_trip(conn, pipeline=True) as pg:
-        tasks, steps = pg.cursor(row_factory=dict_row), pg.cursor(row_factory=dict_row)
-        counts = pg.cursor()
+        tasks = pg.cursor(row_factory=dict_row)
         if with_tasks:
-            await tasks.execute(TASKS_BY_ID, params, prepare=prepare(pg))
-        await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
-        await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+            await tasks.execute(TASKS_BY_ID, {"ids": list(ids)}, prepare=prepare(pg))
+        sent = await _send_advance_reads(pg, ids)
     found = [_utc(r) for r in await tasks.fetchall()] if with_tasks else []
-    return found, [_utc(r) for r in await steps.fetchall()], await counts.fetchall()
+    return found, *await _advance_rows(*sent)
 
 
 async def locked_reads(
