@@ -19,6 +19,7 @@ from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.unit_of_work import UnitOfWork
+from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage import steps as store
 
@@ -152,7 +153,7 @@ class IntakeService:
                 data={"steps": len(data.plan.steps), "source": data.plan.source},
             )
             advanced = await tx.create(
-                store.NewTask(
+                writes_to.NewTask(
                     _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
                     _step_rows(data, task_id, trace_id, now, self._work.registry),
                 )

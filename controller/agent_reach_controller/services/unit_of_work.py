@@ -33,6 +33,7 @@ from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import webhooks
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.webhooks import ApprovalWebhook
+from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.records import StepChange, StepRow, TaskRow
@@ -156,7 +157,7 @@ class TaskWork:
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         return advanced
 
-    async def create(self, new: store.NewTask) -> Advanced:
+    async def create(self, new: writes_to.NewTask) -> Advanced:
         """Insert a task nobody else can see yet: its first advance is decided on the rows in
         memory, which are then written once, as decided (no lock needed)."""
         task = new.task_row()
@@ -262,7 +263,7 @@ class UnitOfWork:
         at_commit: bool = False,
     ) -> Advanced:
         """Unblock, skip or fail what the current step states allow; settle task statuses
-        (written `at_commit` if nothing reads them before: see `store.AtCommit`).
+        (written `at_commit` if nothing reads them before: see `writes_to.AtCommit`).
 
         The caller holds the tasks' row locks and read `tasks` under them.
         """
@@ -277,7 +278,7 @@ class UnitOfWork:
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in rows:
             by_task[step.task_id].append(step)
-        writes = store.AtCommit(conn) if at_commit else store.Stored(conn)
+        writes = writes_to.AtCommit(conn) if at_commit else writes_to.Stored(conn)
         return await self.advance_loaded(
             conn, tasks, by_task, now=now, counts=counts, writes=writes
         )
@@ -290,7 +291,7 @@ class UnitOfWork:
         *,
         now: datetime,
         counts: dict[str, Counter[StepStatus]] | None = None,
-        writes: store.StepWrites | None = None,
+        writes: writes_to.StepWrites | None = None,
     ) -> Advanced:
         """Apply what `decide_unblocks` allows and settle each task's status.
 
@@ -298,7 +299,7 @@ class UnitOfWork:
         tasks' step statuses when `by_task` does not hold every step. The transitions go to the
         stored rows unless `writes` takes them (a task being submitted).
         """
-        writes = writes or store.Stored(conn)
+        writes = writes or writes_to.Stored(conn)
         ids = sorted(tasks)
         registry = self.registry
         await registry.ensure(
@@ -354,7 +355,7 @@ class UnitOfWork:
 
 
 async def _settle_status(
-    writes: store.StepWrites,
+    writes: writes_to.StepWrites,
     task: TaskRow,
     statuses: list[StepStatus],
     *,

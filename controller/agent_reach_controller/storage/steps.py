@@ -1,7 +1,7 @@
 """SQL of steps, tasks and events. Every status write is a guarded compare-and-set.
 
-Leasing lives beside it in `claims.py`, and the flow-control rows (breakers, rate buckets,
-pauses) in `flow_store.py`.
+Leasing lives beside it in `claims.py`, where an advance's transitions go in
+`advance_writes.py`, and the flow-control rows (breakers, rate buckets, pauses) in `flow.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -49,11 +49,15 @@ class NewEvent:
 
 
 _EVENTS = f"{TX_STATE_PREFIX}events"
-_TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"
 _WRITTEN = f"{TX_STATE_PREFIX}events_written"
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
 _FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+def finished_at(status: TaskStatus, now: datetime) -> datetime | None:
+    """A task's `finished_at` once it has this status."""
+    return now if status in _FINISHED else None
 
 
 async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
@@ -241,7 +245,7 @@ async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedT
 # --- steps: transitions ---------------------------------------------------------------------
 
 
-def _transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
+def transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
     return NewEvent(
         task_id=change.step.task_id,
         step_id=change.step.step_id,
@@ -292,136 +296,12 @@ async def change_steps(
     await append_events(
         conn,
         [
-            _transition_event(c, attempt=moved[c.step.id], now=now)
+            transition_event(c, attempt=moved[c.step.id], now=now)
             for c in changes
             if c.step.id in moved
         ],
     )
     return set(moved)
-
-
-class StepWrites(Protocol):
-    """Where an advance's decided transitions go: the stored rows, or a task not yet stored."""
-
-    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]: ...
-
-    async def set_task_status(
-        self, task: TaskRow, status: TaskStatus, *, now: datetime
-    ) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """Transitions applied to stored rows: guarded UPDATEs inside the caller's transaction."""
-
-    conn: AsyncConnection
-
-    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
-        return await change_steps(self.conn, changes, now=now)
-
-    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
-        return await set_task_status(self.conn, task, status, now=now)
-
-
-class TaskChangedError(Exception):
-    """A locked task's row was not at the version it was read at when its status was written."""
-
-
-@dataclass(frozen=True, slots=True)
-class AtCommit:
-    """As `Stored`, but each task's last status is written with the commit (on Postgres in the
-    commit statement, no round trip of its own): for the advance a unit of work ends with, after
-    which nothing in the transaction reads the task rows. The tasks must be locked."""
-
-    conn: AsyncConnection
-
-    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
-        return await change_steps(self.conn, changes, now=now)
-
-    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
-        conn = self.conn
-        if conn.dialect.name != "postgresql":
-            return await set_task_status(conn, task, status, now=now)
-        pending: dict[str, dict[str, Any]] | None = conn.info.get(_TASK_STATUSES)
-        if pending is None:
-            pending = conn.info[_TASK_STATUSES] = {}
-            before_commit(conn, _write_task_statuses)
-        # The version read under the lock: a later status of the same task replaces this one.
-        version = pending[task.task_id]["version"] if task.task_id in pending else task.version
-        pending[task.task_id] = {
-            "task_id": task.task_id,
-            "version": version,
-            "status": status,
-            "now": now,
-            "finished_at": now if status in _FINISHED else None,
-        }
-        await append_events(conn, [_task_status_event(task.task_id, task.status, status, now=now)])
-        return True
-
-
-async def _write_task_statuses(conn: AsyncConnection) -> None:
-    rows = list(conn.info.pop(_TASK_STATUSES, {}).values())
-    hot.set_task_statuses(conn, json_rows(rows), expected=len(rows), refusal=TaskChangedError)
-
-
-class NewTask:
-    """A task being submitted: its first advance is applied to the rows before they are written,
-    so a submit inserts each row once, in its decided state, with the same events as an update.
-
-    Steps get provisional keys (-1, -2, …) for the advance to name them by; the database assigns
-    the real ones on `write`.
-    """
-
-    def __init__(self, task: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> None:
-        self.task = dict(task)
-        self._steps = {-(i + 1): dict(row) for i, row in enumerate(step_rows)}
-        self._events: list[NewEvent] = []
-
-    def task_row(self) -> TaskRow:
-        return TaskRow.from_mapping(self.task)
-
-    def step_rows(self) -> list[StepRow]:
-        blank = dict.fromkeys(steps.c.keys())
-        return [StepRow.from_mapping({**blank, **row, "id": k}) for k, row in self._steps.items()]
-
-    async def change_steps(self, changes: Sequence[StepChange], *, now: datetime) -> set[int]:
-        for change in changes:
-            row = self._steps[change.step.id]
-            if row["status"] != change.step.status:
-                raise ValueError(f"step {change.step.step_id} is {row['status']}, not as decided")
-            row.update(
-                status=apply(change.step.status, change.transition),  # raises if illegal
-                updated_at=now,
-                **change.values,
-            )
-            self._events.append(_transition_event(change, attempt=row["attempt"], now=now))
-        return {c.step.id for c in changes}
-
-    async def set_task_status(self, task: TaskRow, status: TaskStatus, *, now: datetime) -> bool:
-        self.task.update(
-            status=status,
-            version=self.task["version"] + 1,
-            updated_at=now,
-            finished_at=now if status in _FINISHED else None,
-        )
-        self._events.append(_task_status_event(task.task_id, task.status, status, now=now))
-        return True
-
-    async def write(self, conn: AsyncConnection) -> None:
-        """Insert the task and its steps as decided, with their events, before the commit (on
-        Postgres in the same round trip as the transaction's other buffered writes)."""
-        before_commit(conn, self._insert)
-        await append_events(conn, self._events)
-
-    async def _insert(self, conn: AsyncConnection) -> None:
-        rows = list(self._steps.values())
-        if conn.dialect.name == "postgresql":
-            hot.insert_rows(conn, "tasks", [self.task])
-            hot.insert_rows(conn, "steps", rows)
-            return
-        await conn.execute(tasks.insert().values(**self.task))
-        for group in hot.by_columns(rows).values():  # an advance sets some columns on some rows
-            await conn.execute(steps.insert(), list(group))
 
 
 async def _change_one(
@@ -650,7 +530,7 @@ async def set_task_status(
     conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
 ) -> bool:
     """Optimistic-locked status change of a task, with its event."""
-    finished = now if status in _FINISHED else None
+    finished = finished_at(status, now)
     if conn.dialect.name == "postgresql":
         params = {"task_id": task.task_id, "version": task.version, "status": status}
         params |= {"now": now, "finished_at": finished}
@@ -664,11 +544,11 @@ async def set_task_status(
         changed = (await conn.execute(stmt)).rowcount == 1
     if not changed:
         return False
-    await append_events(conn, [_task_status_event(task.task_id, task.status, status, now=now)])
+    await append_events(conn, [task_status_event(task.task_id, task.status, status, now=now)])
     return True
 
 
-def _task_status_event(
+def task_status_event(
     task_id: str, before: TaskStatus, after: TaskStatus, *, now: datetime
 ) -> NewEvent:
     return NewEvent(
