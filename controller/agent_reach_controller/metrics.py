@@ -125,6 +125,19 @@ class ControllerMetrics:
             [m.SWEEP],
             registry=r,
         )
+        self._group_size = Histogram(
+            m.SUBMIT_GROUP_SIZE,
+            "Submits per intake transaction: 1 alone, more when submits arrived while the "
+            "database was busy and shared one commit.",
+            buckets=m.GROUP_SIZE_BUCKETS,
+            registry=r,
+        )
+        self._groups_split = Counter(
+            m.SUBMIT_GROUPS_SPLIT,
+            "Submit groups refused at commit (a taken Idempotency-Key, a changed catalogue) whose "
+            "members then ran alone.",
+            registry=r,
+        )
         self._sessions_ended = Counter(
             m.EXECUTOR_SESSIONS_ENDED,
             "Executor sessions ended, and their leases released: expired, revoked, replaced.",
@@ -201,6 +214,12 @@ class ControllerMetrics:
 
     def sweep_failed(self, sweep: str) -> None:
         self._sweep_failures.labels(sweep).inc()
+
+    def submit_group(self, size: int) -> None:
+        self._group_size.observe(size)
+
+    def submit_group_split(self) -> None:
+        self._groups_split.inc()
 
     def auth_failed(self, reason: str) -> None:
         self._auth_failures.labels(reason).inc()

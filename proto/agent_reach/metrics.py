@@ -28,6 +28,9 @@ RESULTS_REJECTED: Final = "agent_reach_results_rejected"  # counter {reason}
 EXECUTOR_AUTH_FAILURES: Final = "agent_reach_executor_auth_failures"  # counter {reason}
 EXECUTOR_SESSIONS_ENDED: Final = "agent_reach_executor_sessions_ended"  # counter {reason}
 SWEEP_FAILURES: Final = "agent_reach_sweep_failures"  # counter {sweep}
+# Controller: submits sharing a transaction (group commit), and groups split to run alone.
+SUBMIT_GROUP_SIZE: Final = "agent_reach_submit_group_size"  # histogram: submits per transaction
+SUBMIT_GROUPS_SPLIT: Final = "agent_reach_submit_groups_split"  # counter
 # Executor.
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
 EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}
@@ -63,6 +66,9 @@ REJECTED: Final = "rejected"
 BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 
 # Latency buckets (seconds) shared by every histogram: 5 ms to 5 minutes.
+# Submits per transaction (group commit).
+GROUP_SIZE_BUCKETS: Final = (1, 2, 4, 8, 16, 32)
+
 LATENCY_BUCKETS: Final = (
     0.005,
     0.01,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,12 +17,14 @@ from typing import Any
 from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
 from agent_reach.states import StepStatus, TaskStatus
 from agent_reach_controller.planning.plan import Plan
+from agent_reach_controller.services.groups import GroupCommit, GroupFailed
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
-from agent_reach_controller.services.unit_of_work import UnitOfWork
+from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage.catalog import CatalogChangedError
 
 
 class IdempotencyConflictError(Exception):
@@ -69,11 +72,27 @@ def request_hash(body: Any) -> str:
 _KEY_RACES = 3
 
 
+# Group commit (see services/groups.py): transactions a replica's submits may have in flight
+# before newcomers wait to share the next one, and how many may share it.
+GROUP_OPEN = 1
+GROUP_SIZE = 32
+
+
 class IntakeService:
     """Creates tasks from validated plans."""
 
-    def __init__(self, *, work: UnitOfWork) -> None:
+    def __init__(
+        self, *, work: UnitOfWork, group_open: int = GROUP_OPEN, group_size: int = GROUP_SIZE
+    ) -> None:
         self._work = work
+        self._groups: GroupCommit[SubmitInput, Submitted] = GroupCommit(
+            self._create,
+            self._create_together,
+            open=group_open,
+            size=group_size,
+            observe=work.metrics.submit_group,
+            split=work.metrics.submit_group_split,
+        )
 
     async def submit(self, data: SubmitInput) -> Submitted:
         """Persist a validated plan and make its first steps ready, in one transaction.
@@ -83,7 +102,7 @@ class IntakeService:
         """
         for _ in range(_KEY_RACES):
             try:
-                return await self._create(data)
+                return await self._groups(data)
             except store.KeyTakenError:
                 pass
             replayed = await self._replay(data)
@@ -110,59 +129,92 @@ class IntakeService:
         )
 
     async def _create(self, data: SubmitInput) -> Submitted:
-        task_id = data.task_id or new_task_id()
         async with self._work.begin() as tx:
-            now, conn = tx.now, tx.conn
-            if data.idempotency_key is not None:
-                await store.claim_idempotency_key(
-                    conn,
-                    {
-                        "principal": data.principal,
-                        "key": data.idempotency_key,
-                        "request_hash": request_hash(data.request),
-                        "task_id": task_id,
-                        "created_at": now,
-                    },
-                )
-            if data.catalog_revision is not None:
-                await catalog.expect_revision(conn, data.catalog_revision)
-            trace_id = data.trace_id or new_trace_id()
-            await store.append_events(
+            made = await self._add(tx, data)
+        return made.submitted()
+
+    async def _create_together(self, group: Sequence[SubmitInput]) -> list[Submitted]:
+        """Create several tasks in one transaction. A refusal at commit, or any failure before
+        it, wrote nothing: GroupFailed says each may run alone for its own answer."""
+        keys = [(d.principal, d.idempotency_key) for d in group if d.idempotency_key is not None]
+        if len(set(keys)) < len(keys):  # one of them answers the others: not in one transaction
+            raise GroupFailed(ValueError("one Idempotency-Key twice in a group"))
+        made: list[_Made] = []
+        committing = False
+        try:
+            async with self._work.begin() as tx:
+                for data in group:
+                    made.append(await self._add(tx, data))
+                committing = True
+        except (store.KeyTakenError, CatalogChangedError) as refused:
+            raise GroupFailed(refused) from refused
+        except Exception as failed:
+            if not committing:
+                raise GroupFailed(failed) from failed
+            raise  # the COMMIT may have landed: every member hears of it
+        return [m.submitted() for m in made]
+
+    async def _add(self, tx: TaskWork, data: SubmitInput) -> _Made:
+        """One task's rows, events and audit entry, added to the unit of work `tx`."""
+        task_id = data.task_id or new_task_id()
+        now, conn = tx.now, tx.conn
+        if data.idempotency_key is not None:
+            await store.claim_idempotency_key(
                 conn,
-                [
-                    store.NewEvent(
-                        task_id=task_id,
-                        kind="task_created",
-                        to_status=TaskStatus.PENDING,
-                        data={
-                            "goal": data.plan.goal,
-                            "source": data.plan.source,
-                            "steps": len(data.plan.steps),
-                            "principal": data.principal,
-                            "tenant": data.tenant,
-                        },
-                        created_at=now,
-                    )
-                ],
+                {
+                    "principal": data.principal,
+                    "key": data.idempotency_key,
+                    "request_hash": request_hash(data.request),
+                    "task_id": task_id,
+                    "created_at": now,
+                },
             )
-            await tx.audit(
-                actor=data.principal,
-                tenant=data.tenant,
-                action="task.submit",
-                target=f"task:{task_id}",
-                data={"steps": len(data.plan.steps), "source": data.plan.source},
-            )
-            advanced = await tx.create(
-                writes_to.NewTask(
-                    _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
-                    _step_rows(data, task_id, trace_id, now, self._work.registry),
+        if data.catalog_revision is not None:
+            await catalog.expect_revision(conn, data.catalog_revision)
+        trace_id = data.trace_id or new_trace_id()
+        await store.append_events(
+            conn,
+            [
+                store.NewEvent(
+                    task_id=task_id,
+                    kind="task_created",
+                    to_status=TaskStatus.PENDING,
+                    data={
+                        "goal": data.plan.goal,
+                        "source": data.plan.source,
+                        "steps": len(data.plan.steps),
+                        "principal": data.principal,
+                        "tenant": data.tenant,
+                    },
+                    created_at=now,
                 )
+            ],
+        )
+        await tx.audit(
+            actor=data.principal,
+            tenant=data.tenant,
+            action="task.submit",
+            target=f"task:{task_id}",
+            data={"steps": len(data.plan.steps), "source": data.plan.source},
+        )
+        advanced = await tx.create(
+            writes_to.NewTask(
+                _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
+                _step_rows(data, task_id, trace_id, now, self._work.registry),
             )
+        )
+        return _Made(task_id, trace_id, advanced.task_status.get(task_id, TaskStatus.PENDING))
+
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    task_id: str
+    trace_id: str
+    status: TaskStatus
+
+    def submitted(self) -> Submitted:
         return Submitted(
-            task_id=task_id,
-            trace_id=trace_id,
-            status=advanced.task_status.get(task_id, TaskStatus.PENDING),
-            created=True,
+            task_id=self.task_id, trace_id=self.trace_id, status=self.status, created=True
         )
 
 

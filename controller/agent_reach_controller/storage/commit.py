@@ -43,7 +43,16 @@ class CommitStatement:
         return bool(self._parts)
 
     def write(self, sql: str, params: Mapping[str, Any]) -> None:
-        """Add an INSERT or UPDATE (Postgres runs it whether or not anything reads its rows)."""
+        """Add an INSERT or UPDATE (Postgres runs it whether or not anything reads its rows).
+
+        Writes of one text whose only parameter is `rows` (a JSON array, see `json_rows`) become
+        one part with the rows of both, in order: a transaction that creates several tasks (a
+        group commit) sends the same statement text whatever their number."""
+        if set(params) == {"rows"}:
+            for i, (known, earlier, value) in enumerate(self._parts):
+                if known == sql and value is None and set(earlier) == {"rows"}:
+                    self._parts[i] = (sql, {"rows": _join(earlier["rows"], params["rows"])}, None)
+                    return
         self._parts.append((sql, params, None))
 
     def select(self, sql: str, params: Mapping[str, Any]) -> None:
@@ -61,7 +70,8 @@ class CommitStatement:
             raise ValueError(f"refusal {name!r} cannot be named in SQL")
         self._refusals[name] = refusal
         check = f"CASE WHEN {holds} THEN true ELSE agent_reach_refuse('{name}') END"
-        self._parts.append((sql, params, check))
+        if (sql, params, check) not in self._parts:  # one guard asked for twice is checked once
+            self._parts.append((sql, params, check))
 
     async def send(self, pg: AsyncConnection[Any], *, prepare: bool | None) -> None:
         """Queue the statement (in the caller's pipeline)."""
@@ -100,6 +110,15 @@ def json_rows(rows: Any) -> str:
     """Rows as one compact JSON text, for `jsonb_to_recordset` and its kin (timestamps in ISO
     8601 with their offset)."""
     return json.dumps(rows, default=_json_default, separators=(",", ":"))
+
+
+def _join(first: str, second: str) -> str:
+    """Two JSON arrays as one, without parsing them."""
+    if first == "[]":
+        return second
+    if second == "[]":
+        return first
+    return f"{first[:-1]},{second[1:]}"
 
 
 def _json_default(value: Any) -> Any:
