@@ -272,6 +272,10 @@ def create_app(components_: Components) -> FastAPI:
         version="0.1.0",
         summary="Model intents in; real, verified actions and honest receipts out.",
         dependencies=[Depends(single_query_values), Depends(media.require_json_body)],
+        # FastAPI's server span ("POST /v1/tasks") is the request's span; its spans around
+        # dependency solving and the endpoint would double the spans of every call for nothing
+        # a trace reader needs (ours name the work: submit_task, validate_plan, store_task).
+        telemetry={"operation_spans": False},
     )
     app.state.components = components_
     app.include_router(meta)
