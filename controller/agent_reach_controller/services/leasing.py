@@ -112,6 +112,10 @@ class LeasingService:
         self.leases = leases
         self.tool_health = tool_health
         self._drained: dict[tuple[str, tuple[str, ...]], Drained] = {}
+        # Connectors with a tool paused, and until when: their claims read the pauses first.
+        self._paused_until: dict[tuple[str, ...], datetime] = {}
+        # Claims made in one round trip under assumptions, and claims that read first.
+        self.claim_paths: Counter[str] = Counter()
         self.effect_caps = CapService(
             db=work.db, registry=work.registry, tenant_caps=guards.tenant_caps
         )
@@ -186,6 +190,20 @@ class LeasingService:
         """
         if limit <= 0 or not connectors:
             return [], None, False
+        tools = self._ungoverned(connectors)
+        if tools is not None:
+            try:
+                return await self._claim_assuming(
+                    tools,
+                    executor_id=executor_id,
+                    connectors=connectors,
+                    limit=limit,
+                    session=session,
+                    poll_seq=poll_seq,
+                )
+            except claims.AssumptionFailed:
+                self.claim_paths["assumption_failed"] += 1  # read both and claim again
+        self.claim_paths["read_first"] += 1
         async with self._db.transaction() as conn:
             # A tool disabled or paused a moment ago is refused now: both read in one go.
             revision, active = await flow.revision_and_pauses(conn, now=datetime.now(UTC))
@@ -199,6 +217,7 @@ class LeasingService:
             )
             now = claim.now
             rules = await self._governance(conn, connectors, now, pauses=active)
+            self._remember_pauses(connectors, rules.pauses)
             if not rules.active:
                 # One statement: the lease, the tasks it starts, their events, the next deferred
                 # step's time; with the COMMIT, unless a breaker's probe may follow.
@@ -223,6 +242,66 @@ class LeasingService:
             await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
         claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
         self.metrics.leased(claimed, now=now)
+        return claimed, due, drained
+
+    def _ungoverned(self, connectors: Sequence[str]) -> list[str] | None:
+        """The tools of these connectors if a claim may skip reading the catalogue revision and
+        the pauses first (Postgres; no tool with a concurrency cap, breaker, per-key cap or rate
+        limit; no pause of theirs in force when last read), else None."""
+        if not self._db.is_postgres:
+            return None
+        key = tuple(connectors)
+        if (until := self._paused_until.get(key)) is not None:
+            if until > datetime.now(UTC):
+                return None
+            del self._paused_until[key]
+        tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
+        if any(
+            t.concurrency is not None
+            or t.breaker is not None
+            or t.concurrency_per_key is not None
+            or t.rate_limit is not None
+            for t in tools
+        ):
+            return None
+        return [t.name for t in tools]
+
+    def _remember_pauses(self, connectors: Sequence[str], pauses: dict[str, datetime]) -> None:
+        """Until when claims for these connectors must read the pauses first."""
+        if not pauses:
+            return
+        if len(self._paused_until) >= _DRAINED_KEPT:
+            self._paused_until.clear()
+        self._paused_until[tuple(connectors)] = max(pauses.values())
+
+    async def _claim_assuming(
+        self,
+        tools: Sequence[str],
+        *,
+        executor_id: str,
+        connectors: Sequence[str],
+        limit: int,
+        session: Session | None,
+        poll_seq: int,
+    ) -> tuple[list[StepRow], datetime | None, bool]:
+        """The ungoverned claim in one round trip (BEGIN, the claim, COMMIT): it assumes this
+        replica's catalogue is current and none of `tools` is paused, and the statement checks
+        both (claims.AssumptionFailed when not, having leased nothing)."""
+        assumed = claims.Assumed(revision=self._registry.revision, tools=tools)
+        async with self._db.transaction() as conn:
+            claim = self._claim_input(
+                executor_id=executor_id,
+                connectors=connectors,
+                limit=limit,
+                session=session,
+                poll_seq=poll_seq,
+            )
+            claimed, due = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
+        self.claim_paths["assumed"] += 1
+        drained = len(claimed) < limit
+        if claimed:
+            claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
+            self.metrics.leased(claimed, now=claim.now)
         return claimed, due, drained
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:

@@ -138,32 +138,51 @@ def _lockable(keys: Sequence[int]) -> sa.Select[tuple[int]]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    """What a claim that reads nothing first assumes: the catalogue is still at `revision` and
+    none of `tools` is paused. If not, it leases nothing and says so."""
+
+    revision: int
+    tools: Sequence[str]
+
+
+class AssumptionFailed(Exception):
+    """A claim made under `Assumed` found the catalogue changed or a tool paused: nothing was
+    leased, and the claimer should read both and claim again."""
+
+
 async def claim_ready(
-    conn: AsyncConnection, claim: ClaimInput, *, last: bool = False
+    conn: AsyncConnection, claim: ClaimInput, *, last: bool = False, assumed: Assumed | None = None
 ) -> tuple[list[StepRow], datetime | None]:
     """Lease up to `limit` due ready steps to an executor, in fair order, and start their tasks
     (`pending` → `running`); also says when the next deferred step of these connectors is due.
 
     The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit:
     one statement on Postgres (`hot.CLAIM_READY`, its events included). If it is the `last`
-    write of its transaction, the COMMIT goes in the same round trip.
+    write of its transaction, the COMMIT goes in the same round trip. With `assumed` (Postgres
+    only) the statement also checks the catalogue revision and pauses the claimer did not read,
+    and raises AssumptionFailed, having leased nothing, when they do not hold.
     """
     if conn.dialect.name == "postgresql":
-        rows, started, due = await hot.claim_ready(
-            conn,
-            {
-                **_fair_params(claim, skip_tools=claim.exclude_tools, skip_keys=()),
-                "owner": claim.executor_id,
-                "lease_expires_at": claim.lease_expires_at,
-                "lease_seq": claim.lease_seq,
-                "session": bool(claim.executor),
-                "who": json.dumps(claim.who),
-            },
-            commit=last,
-        )
-        leased = [StepRow.from_mapping(r) for r in rows]
-        events_written(conn, [*(s.task_id for s in leased), *started])
-        return leased, due
+        params = {
+            **_fair_params(claim, skip_tools=claim.exclude_tools, skip_keys=()),
+            "owner": claim.executor_id,
+            "lease_expires_at": claim.lease_expires_at,
+            "lease_seq": claim.lease_seq,
+            "session": bool(claim.executor),
+            "who": json.dumps(claim.who),
+        }
+        if assumed is not None:
+            params |= {"revision": assumed.revision, "tools": list(assumed.tools)}
+        got = await hot.claim_ready(conn, params, commit=last, guarded=assumed is not None)
+        if not got.fresh:
+            raise AssumptionFailed
+        leased = [StepRow.from_mapping(r) for r in got.leased]
+        events_written(conn, [*(s.task_id for s in leased), *got.started])
+        return leased, got.next_due
+    if assumed is not None:
+        raise ValueError("a claim under assumptions is a Postgres statement")
     leased = await _claim_ready_sqlite(conn, claim)
     if leased:
         await mark_tasks_running(conn, {s.task_id for s in leased}, now=claim.now)

@@ -14,6 +14,7 @@ import enum
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -110,10 +111,10 @@ FAIR_ORDER = f"WITH RECURSIVE owners(p) AS ({_OWNERS}){_FAIR}"
 # subquery twice and lease rows it did not lock), and the lease, taken only while the holder's
 # session lives, the tasks it starts, and the events of both. Each row comes back with
 # `queued_at`, the `updated_at` it had before the lease.
-CLAIM_READY = f"""
-WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZED (
+_CLAIM = """
+WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATERIALIZED (
     SELECT id AS step_key, updated_at AS queued_at FROM steps
-    WHERE id IN (SELECT id FROM fair) AND status = 'ready'
+    WHERE id IN (SELECT id FROM fair) AND status = 'ready'{guarded}
     FOR UPDATE SKIP LOCKED
 ), leased AS (
     UPDATE steps SET status = 'running', lease_owner = %(owner)s,
@@ -148,7 +149,7 @@ WITH RECURSIVE owners(p) AS ({_OWNERS}), fair AS ({_FAIR}), picked AS MATERIALIZ
 )
 -- One row at least: the leased steps (none: every column of the step NULL), each saying whether
 -- its task has just started, and when the next deferred step of these connectors is due.
-SELECT leased.*, started.task_id IS NOT NULL AS task_started, due.next_due
+SELECT leased.*, started.task_id IS NOT NULL AS task_started, due.next_due{fresh}
 FROM (
     SELECT min(not_before) AS next_due FROM steps
     WHERE status = 'ready' AND connector = ANY(%(connectors)s::text[]) AND not_before > %(now)s
@@ -156,6 +157,22 @@ FROM (
 LEFT JOIN leased ON true
 LEFT JOIN started ON started.task_id = leased.task_id
 """
+CLAIM_READY = _CLAIM.format(owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="")
+# The same claim when the claimer's catalogue is assumed current and its tools unpaused: it
+# leases nothing unless the catalogue is still at %(revision)s and none of %(tools)s is paused,
+# and says which (`fresh`), so the claimer needs no read of its own before it.
+CLAIM_READY_GUARDED = _CLAIM.format(
+    owners=_OWNERS,
+    fair=_FAIR,
+    guard="""
+guard AS (
+    SELECT (SELECT revision FROM catalog_state WHERE id = 1) = %(revision)s
+       AND NOT EXISTS (SELECT 1 FROM tool_pauses
+                       WHERE until > %(now)s AND tool = ANY(%(tools)s::text[])) AS fresh
+),""",
+    guarded=" AND (SELECT fresh FROM guard)",
+    fresh=", (SELECT fresh FROM guard) AS fresh",
+)
 
 # A task's status, guarded by the version it was read at (optimistic lock).
 SET_TASK_STATUS = """
@@ -389,27 +406,41 @@ def _utc(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What CLAIM_READY gave: the leased rows (every `steps` column and `queued_at`), the tasks
+    they started, when the next deferred step is due, and (guarded) whether the guard held."""
+
+    leased: list[dict[str, Any]]
+    started: list[str]
+    next_due: datetime | None
+    fresh: bool = True
+
+
 async def claim_ready(
-    conn: Connection, params: Mapping[str, Any], *, commit: bool
-) -> tuple[list[dict[str, Any]], list[str], datetime | None]:
-    """Run CLAIM_READY: the leased rows (every `steps` column and `queued_at`), the tasks they
-    started, and when the next deferred step is due. With `commit`, the transaction's COMMIT
-    goes in the same round trip: the claim must be the last thing it writes."""
+    conn: Connection, params: Mapping[str, Any], *, commit: bool, guarded: bool = False
+) -> Claimed:
+    """Run CLAIM_READY (CLAIM_READY_GUARDED if `guarded`, with `revision` and `tools` among the
+    `params`). With `commit`, the transaction's COMMIT goes in the same round trip: the claim
+    must be the last thing it writes."""
     async with round_trip(conn, pipeline=commit) as pg:
         cur = pg.cursor(row_factory=dict_row)
-        await cur.execute(CLAIM_READY, params, prepare=prepare(pg))
+        sql = CLAIM_READY_GUARDED if guarded else CLAIM_READY
+        await cur.execute(sql, params, prepare=prepare(pg))
         if commit:
             await pg.execute("COMMIT", prepare=False)
     found = [_utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
+    fresh = bool(found[0].get("fresh", True)) if found else True
     leased, started = [], set()
     for row in found:
         if row.pop("task_started"):
             started.add(row["task_id"])
         del row["next_due"]
+        row.pop("fresh", None)
         if row["id"] is not None:
             leased.append(row)
-    return leased, sorted(started), next_due
+    return Claimed(leased, sorted(started), next_due, fresh)
 
 
 # Reads of the report and claim paths: whole rows by key, and what an advance needs.
