@@ -110,27 +110,29 @@ FAIR_ORDER = f"WITH RECURSIVE owners(p) AS ({_OWNERS}){_FAIR}"
 # another claimer holds are skipped; MATERIALIZED, or the planner may evaluate the locking
 # subquery twice and lease rows it did not lock), and the lease, taken only while the holder's
 # session lives, the tasks it starts, and the events of both. Each row comes back with
-# `queued_at`, the `updated_at` it had before the lease.
+# `queued_at`, the `updated_at` it had before the lease. Rows are found by key through
+# `= ANY(ARRAY(…))`, never by a join the planner may run as a scan of every queued step: a
+# database minutes old has no statistics yet, and that scan made a claim of 32 among 1,500 ready
+# steps take 44 ms instead of 7.
 _CLAIM = """
 WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATERIALIZED (
     SELECT id AS step_key, updated_at AS queued_at FROM steps
-    WHERE id IN (SELECT id FROM fair) AND status = 'ready'{guarded}
+    WHERE id = ANY(ARRAY(SELECT id FROM fair)) AND status = 'ready'{guarded}
     FOR UPDATE SKIP LOCKED
 ), leased AS (
     UPDATE steps SET status = 'running', lease_owner = %(owner)s,
         lease_expires_at = %(lease_expires_at)s, lease_seq = %(lease_seq)s,
         started_at = coalesce(steps.started_at, %(now)s), updated_at = %(now)s
-    FROM picked
-    WHERE steps.id = picked.step_key AND steps.status = 'ready'
+    WHERE steps.id = ANY(ARRAY(SELECT step_key FROM picked)) AND steps.status = 'ready'
       AND (NOT %(session)s OR EXISTS (
           SELECT 1 FROM executor_sessions WHERE id = %(owner)s AND ended_at IS NULL))
-    RETURNING steps.*, picked.queued_at
+    RETURNING steps.*
 ), started AS (
     -- pending -> running for the tasks of the leased steps; rows an advance holds are skipped
     UPDATE tasks SET status = 'running', version = version + 1, updated_at = %(now)s
     WHERE task_id IN (
         SELECT task_id FROM tasks
-        WHERE task_id IN (SELECT task_id FROM leased) AND status = 'pending'
+        WHERE task_id = ANY(ARRAY(SELECT task_id FROM leased)) AND status = 'pending'
         FOR UPDATE SKIP LOCKED
     )
     RETURNING task_id
@@ -149,12 +151,13 @@ WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATER
 )
 -- One row at least: the leased steps (none: every column of the step NULL), each saying whether
 -- its task has just started, and when the next deferred step of these connectors is due.
-SELECT leased.*, started.task_id IS NOT NULL AS task_started, due.next_due{fresh}
+SELECT leased.*, picked.queued_at, started.task_id IS NOT NULL AS task_started, due.next_due{fresh}
 FROM (
     SELECT min(not_before) AS next_due FROM steps
     WHERE status = 'ready' AND connector = ANY(%(connectors)s::text[]) AND not_before > %(now)s
 ) AS due
 LEFT JOIN leased ON true
+LEFT JOIN picked ON picked.step_key = leased.id
 LEFT JOIN started ON started.task_id = leased.task_id
 """
 CLAIM_READY = _CLAIM.format(owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="")
@@ -466,7 +469,7 @@ LOCK_TASKS = (
 # The tasks of these steps, locked in id order and read whole by the same statement.
 LOCK_TASK_ROWS_OF_STEPS = """
 SELECT * FROM tasks
-WHERE task_id IN (SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[]))
+WHERE task_id = ANY(ARRAY(SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[])))
 ORDER BY task_id FOR UPDATE
 """
 ACTIVE_PAUSES = "SELECT tool, until FROM tool_pauses WHERE until > %(now)s"
