@@ -14,7 +14,6 @@ from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.api import events, schemas
 from agent_reach_controller.api.auth import Caller, require
-from agent_reach_controller.api.media import require_json_body
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import task_out
 from agent_reach_controller.identity.policy import Action, Principal
@@ -27,13 +26,9 @@ from agent_reach_controller.services.intake import SubmitInput, Submitted
 from agent_reach_controller.services.operator import ApprovalInput, ResolveInput
 from agent_reach_controller.storage.catalog import CatalogChangedError
 
-# Every route here that reads a body reads JSON: any other media type is a 415 (api/media.py).
-router = APIRouter(
-    prefix="/v1/tasks",
-    tags=["tasks"],
-    responses=V1_PROBLEMS,
-    dependencies=[Depends(require_json_body)],
-)
+# Every route here that reads a body reads JSON: any other media type is a 415, by the app's
+# own dependency (api/media.py, declared once in api/app.py for every route).
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], responses=V1_PROBLEMS)
 
 
 async def components(request: Request) -> Components:
