@@ -74,6 +74,7 @@ log_context: contextvars.ContextVar[tuple[str, str] | None] = contextvars.Contex
 _state = {"enabled": False}
 # The installed provider's sampler, asked once per span that continues a stored parent.
 _sampler: list[Any] = []
+_tracer: list[Any] = []  # the installed provider's tracer, asked for once
 
 
 def derived_span_id(*parts: object) -> str:
@@ -143,6 +144,7 @@ def configure_tracing(service_name: str, *, env: Mapping[str, str] | None = None
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _sampler[:] = [provider.sampler]
+    _tracer[:] = [provider.get_tracer(TRACER_NAME)]
     _state["enabled"] = True
     return True
 
@@ -222,18 +224,22 @@ def span(  # noqa: PLR0913 - a span's facts, all by keyword
     chosen = span_id or new_span_id()
     token = log_context.set((trace_id, chosen))
     try:
-        if not _state["enabled"]:
+        trace_int = int(trace_id, 16)
+        if not _state["enabled"] or not sampled_trace(trace_int):
+            # Nothing to record: the span is its ids alone, as cheap as it can be (a trace the
+            # sampler drops is dropped in every process: see sampled_trace).
+            flags = TraceFlags.DEFAULT if _state["enabled"] else TraceFlags.SAMPLED
             yield NonRecordingSpan(
                 SpanContext(
-                    trace_id=int(trace_id, 16),
+                    trace_id=trace_int,
                     span_id=int(chosen, 16),
                     is_remote=False,
-                    trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                    trace_flags=TraceFlags(flags),
                 )
             )
             return
-        tracer = trace.get_tracer(TRACER_NAME)
-        ids = (_chosen_trace.set(int(trace_id, 16)), _chosen_span.set(int(chosen, 16)))
+        tracer = _tracer[0] if _tracer else trace.get_tracer(TRACER_NAME)
+        ids = (_chosen_trace.set(trace_int), _chosen_span.set(int(chosen, 16)))
         try:
             started = tracer.start_span(
                 name,

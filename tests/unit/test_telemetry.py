@@ -61,8 +61,13 @@ assert telemetry.configure_tracing("sampling-test")
 for _ in range(int(sys.argv[1])):
     trace_id = new_trace_id()
     root = telemetry.task_span_id(trace_id)
-    with telemetry.span("submit_task", trace_id=trace_id, span_id=root):
-        pass
+    with telemetry.span("submit_task", trace_id=trace_id, span_id=root) as current:
+        # A dropped trace's span is its ids alone, flagged not sampled (what goes downstream).
+        kept = telemetry.sampled_trace(int(trace_id, 16))
+        context = current.get_span_context()
+        assert current.is_recording() is kept
+        assert context.trace_flags.sampled is kept
+        assert (context.trace_id, context.span_id) == (int(trace_id, 16), int(root, 16))
     with telemetry.span("dispatch_step", trace_id=trace_id, parent_span_id=root):
         pass
 telemetry.flush_tracing()
