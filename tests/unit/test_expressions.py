@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import cel
@@ -229,3 +231,15 @@ def test_limit_models_check_their_keys_alone() -> None:
         KeyedLimit.model_validate({"limit": 1, "key": "lower(args.account)"})
     with pytest.raises(ValidationError, match="key does not compile as CEL"):
         KeyedLimit.model_validate({"limit": 1, "key": "args.("})
+
+
+def test_the_controller_loads_the_cel_engine_without_its_shell() -> None:
+    """The package's interactive shell (typer, prompt_toolkit: ~8 MiB per process) stays out."""
+    code = (
+        "import sys, agent_reach_controller.server, agent_reach_controller.planning.conditions\n"
+        "loaded = sorted(m for m in ('typer', 'prompt_toolkit') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "from agent_reach_controller.tools.cel_engine import cel\n"
+        "assert cel.evaluate('1 + 2', {}) == 3\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

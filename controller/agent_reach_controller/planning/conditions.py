@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import cel
-
+from agent_reach_controller.tools.cel_engine import cel
 from agent_reach_controller.tools.expressions import unknown_names
 
 _STRING_LITERAL = re.compile(

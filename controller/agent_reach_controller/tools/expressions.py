@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-import cel
+from agent_reach_controller.tools.cel_engine import cel
 
 # A tool's expressions (rate-limit and concurrency keys, effects and cost units) are evaluated
 # over the step's resolved arguments, `args`, and nothing else (planning/conditions.evaluate_key).
