@@ -16,7 +16,7 @@ from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage.catalog import CatalogChangedError
 from agent_reach_controller.storage.commit import CommitStatement, compose
-from agent_reach_controller.storage.engine import libpq_conninfo
+from agent_reach_controller.storage.engine import driver, libpq_conninfo
 from tests.integration.stack import components_for, write_tools
 
 BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
@@ -74,3 +74,33 @@ async def test_parts_keep_their_own_parameters(postgres_url: str) -> None:
             async with pg.pipeline():
                 await failing.send(pg, prepare=None)
         assert isinstance(failing.refusal(raised.value), CatalogChangedError)
+
+
+async def test_a_unit_of_one_statement_leaves_its_connection_transactional(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A submit is one statement, sent alone in autocommit mode (no BEGIN, no COMMIT). Whether
+    it commits or is refused, the connection goes back to the pool out of autocommit: the next
+    unit of several statements on it is still all or nothing."""
+    async with components_for(postgres_url, write_tools(tmp_path), db_pool_size=1) as c:
+        plan = parse_plan(BODY, c.catalog)
+        await c.intake.submit(SubmitInput(plan=plan, request=BODY))
+        with pytest.raises(CatalogChangedError):
+            await c.intake.submit(
+                SubmitInput(plan=plan, request=BODY, catalog_revision=c.registry.revision - 1)
+            )
+        before = _count(postgres_url, "SELECT count(*) FROM tasks")
+
+        class Abandon(Exception):
+            pass
+
+        async def delete_then_fail() -> None:
+            async with c.db.transaction() as conn:
+                pg = await driver(conn)
+                assert not pg.autocommit
+                await pg.execute("DELETE FROM tasks")
+                raise Abandon
+
+        with pytest.raises(Abandon):
+            await delete_then_fail()
+        assert _count(postgres_url, "SELECT count(*) FROM tasks") == before == 1

@@ -11,7 +11,9 @@ then closes the client's side at once, so the client is told "connection lost" a
 the answer. The server's side stays open until the server's answer to the COMMIT arrives (it
 is read and thrown away), so the transaction really committed: the write succeeded, but the
 caller was told it failed. Both protocol forms are recognised: a simple query `COMMIT` (`Q`,
-what psycopg sends) and an extended-protocol `Parse` of `COMMIT` (cut after its `Sync`).
+what psycopg sends) and an extended-protocol `Parse` of `COMMIT` (cut after its `Sync`). So is
+the commit nobody sends: a statement executed outside a transaction (autocommit) is a
+transaction of its own, committed when it completes, and counts as a COMMIT at its `Sync`.
 
 The client→server stream is parsed into Postgres protocol messages (startup, SSL/GSS requests,
 then typed messages), so cuts happen exactly at message boundaries. Use `sslmode=disable`: an
@@ -58,6 +60,9 @@ class _Conn:
     client: socket.socket
     server: socket.socket
     statements: deque[str] = field(default_factory=lambda: deque(maxlen=64))
+    prepared: dict[str, str] = field(default_factory=dict)  # statement name -> its SQL
+    in_transaction: bool = False  # a BEGIN was sent and no COMMIT or ROLLBACK since
+    alone: list[str] = field(default_factory=list)  # executed outside a transaction since Sync
     cut: threading.Event = field(default_factory=threading.Event)
     closed: threading.Event = field(default_factory=threading.Event)
 
@@ -84,6 +89,17 @@ def _query_text(kind: bytes, body: bytes) -> str | None:
         parts = body.split(b"\x00", 2)
         return parts[1].decode(errors="replace") if len(parts) > 1 else ""
     return None
+
+
+def _bound_statement(body: bytes) -> str:
+    """The prepared statement a `Bind` message names ("" for the unnamed one)."""
+    parts = body.split(b"\x00", 2)
+    return parts[1].decode(errors="replace") if len(parts) > 1 else ""
+
+
+def _parsed_name(body: bytes) -> str:
+    """The name a `Parse` message gives its statement ("" for the unnamed one)."""
+    return body.split(b"\x00", 1)[0].decode(errors="replace")
 
 
 def _is_commit(sql: str) -> bool:
@@ -226,6 +242,12 @@ class PgProxy:
             time.sleep(self.latency)
         sock.sendall(data)
 
+    @staticmethod
+    def _autocommit_writes(statements: list[str]) -> bool:
+        """Whether statements sent outside a transaction may have written (only those commit
+        anything; a LISTEN or a read does not)."""
+        return any(s.lower().startswith(("insert", "update", "delete", "with")) for s in statements)
+
     def _should_cut(self, statements: tuple[str, ...]) -> int | None:
         """Count a COMMIT; return its ordinal when it is to be cut."""
         with self._lock:
@@ -280,19 +302,45 @@ class PgProxy:
                     message, buffer = buffer[: 1 + length], buffer[1 + length :]
                     sql = _query_text(kind, message[5:])
                     cut: int | None = None
+                    if kind == b"P" and sql is not None:
+                        conn.prepared[_parsed_name(message[5:])] = " ".join(sql.split())[:400]
                     if sql is not None:
                         if _is_commit(sql):
+                            conn.in_transaction = False
                             ordinal = self._should_cut(tuple(conn.statements))
                             if kind == b"Q":
                                 cut = ordinal
                             else:
                                 pending_cut = ordinal
                         elif sql.lstrip()[:8].upper().startswith(("BEGIN", "ROLLBACK", "START")):
+                            conn.in_transaction = (
+                                sql.lstrip()[:8].upper().startswith(("BEGIN", "START"))
+                            )
                             conn.statements.clear()
-                        else:
+                        elif kind == b"Q":
                             conn.statements.append(" ".join(sql.split())[:400])
+                    elif kind == b"B":
+                        # What runs: a statement parsed just now or prepared long ago.
+                        bound = conn.prepared.get(_bound_statement(message[5:]), "")
+                        if (
+                            bound
+                            and not _is_commit(bound)
+                            and not bound.upper().startswith(("BEGIN", "ROLLBACK", "START"))
+                        ):
+                            if conn.in_transaction:
+                                conn.statements.append(bound)
+                            else:
+                                conn.alone.append(bound)
                     elif kind == b"S" and pending_cut is not None:
                         cut, pending_cut = pending_cut, None
+                        conn.alone.clear()
+                    elif kind == b"S":
+                        # Statements run outside a transaction commit as they complete.
+                        if conn.alone and self._autocommit_writes(conn.alone):
+                            cut = self._should_cut(tuple(conn.alone))
+                            conn.statements.clear()
+                            conn.statements.extend(conn.alone)
+                        conn.alone.clear()
                     if cut is not None:
                         # Silence the client first, so no byte of the answer can reach it.
                         self._cut(conn, cut)

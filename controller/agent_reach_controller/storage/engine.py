@@ -81,6 +81,38 @@ async def round_trip(
         then(cursor)
 
 
+@contextlib.asynccontextmanager
+async def closing_statement(conn: AsyncConnection) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The psycopg connection for a Postgres transaction's last statement: the block sends it
+    (one `execute`), and the transaction ends with it, committed.
+
+    When the transaction has sent nothing and nothing is queued, the statement goes alone in
+    autocommit mode: Postgres runs a single statement as a transaction of its own, all or
+    nothing, with no BEGIN and no COMMIT (two statements fewer; through psycopg a unit of one
+    statement costs 133 µs of client CPU this way against 390 µs with both). Otherwise it goes
+    in one pipeline with what is queued, the BEGIN if due, and the COMMIT.
+    """
+    pg = await driver(conn)
+    alone = (
+        pg.info.transaction_status is TransactionStatus.IDLE
+        and not conn.info.get(_QUEUED)
+        and not conn.in_transaction()
+    )
+    if not alone:
+        async with round_trip(conn, pipeline=True) as pg:
+            yield pg
+            await pg.execute("COMMIT", prepare=False)
+        return
+    await pg.set_autocommit(True)
+    try:
+        yield pg
+    finally:
+        # A connection left in autocommit (its state unknown after a failure) is not kept:
+        # see Database._release.
+        with contextlib.suppress(psycopg.Error):
+            await pg.set_autocommit(False)
+
+
 def prepare(pg: psycopg.AsyncConnection[Any]) -> bool | None:
     """Prepare at once, unless the connection prepares nothing (`Database(prepare=False)`)."""
     return None if pg.prepare_threshold is None else True
@@ -293,13 +325,11 @@ class Database:
         del conn.info[_STATEMENT]
         if not statement:
             return
-        pg = await driver(conn)
         try:
-            async with pg.pipeline():
+            # The transaction's end then finds it committed (psycopg's commit() would sync once
+            # more).
+            async with closing_statement(conn) as pg:
                 await statement.send(pg, prepare=prepare(pg))
-                # psycopg's commit() would sync once more; the transaction's end then finds it
-                # committed.
-                await pg.execute("COMMIT", prepare=False)
         except psycopg.Error as error:
             refusal = statement.refusal(error)
             if refusal is None:
@@ -347,7 +377,9 @@ class Database:
         if sound:
             pg: psycopg.AsyncConnection[Any] | None = conn.info.get(_DRIVER)
             sound = pg is None or (
-                not pg.closed and pg.info.transaction_status is TransactionStatus.IDLE
+                not pg.closed
+                and not pg.autocommit
+                and pg.info.transaction_status is TransactionStatus.IDLE
             )
         if sound and len(self._idle) < self._keep:
             self._idle.append(conn)

@@ -27,6 +27,7 @@ from agent_reach_controller.storage import schema
 from agent_reach_controller.storage.commit import json_rows
 from agent_reach_controller.storage.engine import (
     Connection,
+    closing_statement,
     commit_statement,
     prepare,
     queue_statement,
@@ -424,14 +425,13 @@ async def claim_ready(
     conn: Connection, params: Mapping[str, Any], *, commit: bool, guarded: bool = False
 ) -> Claimed:
     """Run CLAIM_READY (CLAIM_READY_GUARDED if `guarded`, with `revision` and `tools` among the
-    `params`). With `commit`, the transaction's COMMIT goes in the same round trip: the claim
-    must be the last thing it writes."""
-    async with round_trip(conn, pipeline=commit) as pg:
+    `params`). With `commit` the claim ends its transaction (`engine.closing_statement`: alone,
+    without BEGIN or COMMIT, if the transaction sent nothing before): it must be the last thing
+    the transaction writes."""
+    sql = CLAIM_READY_GUARDED if guarded else CLAIM_READY
+    async with closing_statement(conn) if commit else round_trip(conn) as pg:
         cur = pg.cursor(row_factory=dict_row)
-        sql = CLAIM_READY_GUARDED if guarded else CLAIM_READY
         await cur.execute(sql, params, prepare=prepare(pg))
-        if commit:
-            await pg.execute("COMMIT", prepare=False)
     found = [_utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
     fresh = bool(found[0].get("fresh", True)) if found else True
