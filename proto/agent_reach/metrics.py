@@ -65,10 +65,10 @@ REJECTED: Final = "rejected"
 # agent_reach_breaker_state values.
 BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 
-# Latency buckets (seconds) shared by every histogram: 5 ms to 5 minutes.
 # Submits per transaction (group commit).
 GROUP_SIZE_BUCKETS: Final = (1, 2, 4, 8, 16, 32)
 
+# Latency buckets (seconds) shared by every latency histogram: 5 ms to 5 minutes.
 LATENCY_BUCKETS: Final = (
     0.005,
     0.01,

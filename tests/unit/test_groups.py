@@ -44,6 +44,19 @@ async def _started(rec: Recorder, n: int) -> None:
     raise AssertionError(f"{n} alone calls never began")
 
 
+async def _while_busy(
+    groups: GroupCommit[int, str], rec: Recorder, n: int, *, cancel: int | None = None
+) -> list[str | BaseException]:
+    """Call 0 .. n-1 at once: call 0 runs alone and holds the gate while the others arrive
+    (call `cancel`, if given, then goes away); then the gate opens. Each call's answer."""
+    calls = [asyncio.ensure_future(groups(i)) for i in range(n)]
+    await _started(rec, 1)
+    if cancel is not None:
+        calls[cancel].cancel()
+    rec.gate.set()
+    return await asyncio.gather(*calls, return_exceptions=True)
+
+
 async def test_a_lone_caller_never_waits_for_company() -> None:
     rec = Recorder()
     rec.gate.set()
@@ -56,10 +69,7 @@ async def test_a_lone_caller_never_waits_for_company() -> None:
 async def test_callers_arriving_while_busy_share_the_next_transaction() -> None:
     rec = Recorder()
     groups = GroupCommit(rec.alone, rec.together, open=1, size=3)
-    calls = [asyncio.ensure_future(groups(i)) for i in range(6)]
-    await _started(rec, 1)
-    rec.gate.set()
-    answers = await asyncio.gather(*calls)
+    answers = await _while_busy(groups, rec, 6)
     assert answers == ["alone 0"] + [f"together {i}" for i in range(1, 6)]
     assert rec.groups == [[1, 2, 3], [4, 5]]  # at most `size` per transaction, in arrival order
     assert groups.stats.sizes == {1: 1, 3: 1, 2: 1}
@@ -70,10 +80,7 @@ async def test_a_refused_group_runs_each_member_alone_for_its_own_answer() -> No
     rec.fail_group = GroupFailed(KeyError(2))
     rec.refuse = {2}
     groups = GroupCommit(rec.alone, rec.together, open=1)
-    calls = [asyncio.ensure_future(groups(i)) for i in range(4)]
-    await _started(rec, 1)
-    rec.gate.set()
-    answers = await asyncio.gather(*calls, return_exceptions=True)
+    answers = await _while_busy(groups, rec, 4)
     assert answers[0] == "alone 0"
     assert answers[1] == "alone 1"
     assert isinstance(answers[2], KeyError)  # only the member that was refused fails
@@ -85,10 +92,7 @@ async def test_an_unknown_outcome_reaches_every_member() -> None:
     rec = Recorder()
     rec.fail_group = ConnectionError("lost during COMMIT")
     groups = GroupCommit(rec.alone, rec.together, open=1)
-    calls = [asyncio.ensure_future(groups(i)) for i in range(3)]
-    await _started(rec, 1)
-    rec.gate.set()
-    answers = await asyncio.gather(*calls, return_exceptions=True)
+    answers = await _while_busy(groups, rec, 3)
     assert answers[0] == "alone 0"
     assert all(isinstance(a, ConnectionError) for a in answers[1:])
     assert rec.alone_calls == [0]  # never run again: the group may have committed
@@ -97,11 +101,7 @@ async def test_an_unknown_outcome_reaches_every_member() -> None:
 async def test_a_caller_that_went_away_is_left_out_of_its_group() -> None:
     rec = Recorder()
     groups = GroupCommit(rec.alone, rec.together, open=1)
-    calls = [asyncio.ensure_future(groups(i)) for i in range(4)]
-    await _started(rec, 1)
-    calls[2].cancel()
-    rec.gate.set()
-    answers = await asyncio.gather(*calls, return_exceptions=True)
+    answers = await _while_busy(groups, rec, 4, cancel=2)
     assert isinstance(answers[2], asyncio.CancelledError)
     assert rec.groups == [[1, 3]]
 

@@ -58,7 +58,7 @@ class GroupCommit(Generic[T, R]):
         alone: Callable[[T], Awaitable[R]],
         together: Callable[[Sequence[T]], Awaitable[list[R]]],
         *,
-        open: int = 2,
+        open: int = 1,
         size: int = 32,
         observe: Callable[[int], None] | None = None,
         split: Callable[[], None] | None = None,

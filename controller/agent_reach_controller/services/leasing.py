@@ -9,6 +9,7 @@ instead of being handed out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -190,17 +191,18 @@ class LeasingService:
         """
         if limit <= 0 or not connectors:
             return [], None, False
+        claim_of = functools.partial(
+            self._claim_input,
+            executor_id=executor_id,
+            connectors=connectors,
+            limit=limit,
+            session=session,
+            poll_seq=poll_seq,
+        )
         tools = self._ungoverned(connectors)
         if tools is not None:
             try:
-                return await self._claim_assuming(
-                    tools,
-                    executor_id=executor_id,
-                    connectors=connectors,
-                    limit=limit,
-                    session=session,
-                    poll_seq=poll_seq,
-                )
+                return await self._claim_assuming(claim_of(), tools)
             except claims.AssumptionFailed:
                 self.claim_paths["assumption_failed"] += 1  # read both and claim again
         self.claim_paths["read_first"] += 1
@@ -208,13 +210,7 @@ class LeasingService:
             # A tool disabled or paused a moment ago is refused now: both read in one go.
             revision, active = await flow.revision_and_pauses(conn, now=datetime.now(UTC))
             await self._registry.refresh(conn, revision=revision)
-            claim = self._claim_input(
-                executor_id=executor_id,
-                connectors=connectors,
-                limit=limit,
-                session=session,
-                poll_seq=poll_seq,
-            )
+            claim = claim_of()  # its scope's tool exclusions from the catalogue just refreshed
             now = claim.now
             rules = await self._governance(conn, connectors, now, pauses=active)
             self._remember_pauses(connectors, rules.pauses)
@@ -240,9 +236,7 @@ class LeasingService:
             if not claimed:
                 return [], due, drained
             await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
-        claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
-        self.metrics.leased(claimed, now=now)
-        return claimed, due, drained
+        return await self._hand_out(claimed, claim), due, drained
 
     def _ungoverned(self, connectors: Sequence[str]) -> list[str] | None:
         """The tools of these connectors if a claim may skip reading the catalogue revision and
@@ -275,34 +269,24 @@ class LeasingService:
         self._paused_until[tuple(connectors)] = max(pauses.values())
 
     async def _claim_assuming(
-        self,
-        tools: Sequence[str],
-        *,
-        executor_id: str,
-        connectors: Sequence[str],
-        limit: int,
-        session: Session | None,
-        poll_seq: int,
+        self, claim: claims.ClaimInput, tools: Sequence[str]
     ) -> tuple[list[StepRow], datetime | None, bool]:
-        """The ungoverned claim in one round trip (BEGIN, the claim, COMMIT): it assumes this
+        """The ungoverned claim as one statement, its transaction's only one: it assumes this
         replica's catalogue is current and none of `tools` is paused, and the statement checks
         both (claims.AssumptionFailed when not, having leased nothing)."""
         assumed = claims.Assumed(revision=self._registry.revision, tools=tools)
         async with self._db.transaction() as conn:
-            claim = self._claim_input(
-                executor_id=executor_id,
-                connectors=connectors,
-                limit=limit,
-                session=session,
-                poll_seq=poll_seq,
-            )
             claimed, due = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
         self.claim_paths["assumed"] += 1
-        drained = len(claimed) < limit
-        if claimed:
-            claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
-            self.metrics.leased(claimed, now=claim.now)
-        return claimed, due, drained
+        return await self._hand_out(claimed, claim), due, len(claimed) < claim.limit
+
+    async def _hand_out(self, claimed: list[StepRow], claim: claims.ClaimInput) -> list[StepRow]:
+        """The leased steps that may run (see _drop_refused), counted as leased."""
+        if not claimed:
+            return claimed
+        claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
+        self.metrics.leased(claimed, now=claim.now)
+        return claimed
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
         """End, instead of handing out, leased steps that may not run after all.
