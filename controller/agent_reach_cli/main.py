@@ -81,6 +81,9 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-server-name", help="name expected in the controller's certificate")
     p.add_argument("--slots", type=int, help="steps run at once (AGENT_REACH_EXECUTOR_SLOTS)")
     p.add_argument(
+        "--pollers", type=int, help="long polls kept open at once (AGENT_REACH_EXECUTOR_POLLERS)"
+    )
+    p.add_argument(
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (AGENT_REACH_EXECUTOR_METRICS)",

@@ -99,6 +99,7 @@ def executor(args: argparse.Namespace) -> int:
         args,
         "controller",
         "slots",
+        "pollers",
         "metrics",
         "token",
         "tls_ca",

@@ -49,6 +49,11 @@ class ExecutorSettings(BaseSettings):
     )
     executor_id: str = Field(default_factory=default_executor_id)
     poll_wait: PositiveFloat = Field(default=10.0, description="Long-poll wait, in seconds.")
+    pollers: PositiveInt = Field(
+        default=2,
+        description="Long polls kept open at once, sharing the free slots: while one answer "
+        "travels back, another poll waits, ready to be handed the next step.",
+    )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."
     )

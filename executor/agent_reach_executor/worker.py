@@ -115,10 +115,15 @@ class Worker:
         self._reports_idle = asyncio.Event()
         self._reports_idle.set()
         self._counts = {"started": 0, "finished": 0, "accepted": 0, "rejected": 0}
-        # Polls are numbered within a session; heartbeats say up to which one all have ended, so
-        # the controller frees leases whose reply never arrived (lost with a controller).
+        # Polls are numbered (never again from 1: a number names one poll for the process's
+        # life); heartbeats say up to which one all have ended, so the controller frees leases
+        # whose reply never arrived (lost with a controller). Several polls may be open at once
+        # (`pollers`), each asking for its share of the free slots.
         self._poll_seq = 0
         self._polls_completed = 0
+        self._open_polls: set[int] = set()
+        self._asked = 0  # slots the open polls may fill
+        self._registering = asyncio.Lock()
         # Set when the controller ended our session: the poll loop registers again.
         self._session_ended = asyncio.Event()
         self.metrics = ExecutorMetrics(slots=settings.slots)
@@ -183,7 +188,6 @@ class Worker:
                     return False
                 continue
             self._registration = registration.with_defaults(poll_wait=self._settings.poll_wait)
-            self._poll_seq = self._polls_completed = 0
             self._session_ended.clear()
             log.info(
                 "executor %s registered with %s (pool %s, session %s): connectors %s, %d slots, "
@@ -205,38 +209,67 @@ class Worker:
         return False
 
     async def _poll_loop(self, stop: asyncio.Event) -> None:
+        """Keep `pollers` long polls open until `stop` (or until registering is given up)."""
+        pollers = [
+            asyncio.create_task(self._poller(stop), name=f"executor-poller-{i}")
+            for i in range(self._settings.pollers)
+        ]
+        try:
+            await asyncio.gather(*pollers)
+        finally:
+            for poller in pollers:
+                poller.cancel()
+            await asyncio.gather(*pollers, return_exceptions=True)
+
+    async def _poller(self, stop: asyncio.Event) -> None:
         backoff = self._backoff()
         while not stop.is_set():
-            if self._session_ended.is_set() and not await self._register(stop):
-                return
-            free = self._settings.slots - len(self._running)
+            if self._session_ended.is_set():
+                async with self._registering:  # one poller registers; the others wait for it
+                    if self._session_ended.is_set() and not await self._register(stop):
+                        return
+            free = self._settings.slots - len(self._running) - self._asked
             if free <= 0:
                 self._slot_freed.clear()
                 await _until_stopped(stop, self._slot_freed.wait())
                 continue
+            # An even share of what is free among the pollers not polling (this one included).
+            idle = max(1, self._settings.pollers - len(self._open_polls))
+            ask = -(-free // idle)
             wait_s = min(self._settings.poll_wait, self._registration.max_poll_wait_s)
             self._poll_seq += 1
+            seq = self._poll_seq
             poll = self._client.poll_steps(
                 self._connectors,
-                max_steps=free,
+                max_steps=ask,
                 wait_s=wait_s,
                 deadline_s=wait_s + _POLL_MARGIN_S,
-                poll_seq=self._poll_seq,
+                poll_seq=seq,
             )
+            self._open_polls.add(seq)
+            self._asked += ask
             try:
                 assignments = await _until_stopped(stop, poll)
             except ControllerError as exc:
-                self._polls_completed = self._poll_seq
                 if exc.session_ended:
                     self._end_session(exc)
                     continue
                 if not await _sleep_unless_stopped(stop, self._log_failure(exc, backoff)):
                     return
                 continue
-            self._polls_completed = self._poll_seq
+            finally:
+                self._poll_ended(seq, ask)
             backoff.reset()
             for assignment in assignments or ():
                 self._start(assignment)
+
+    def _poll_ended(self, seq: int, asked: int) -> None:
+        """Poll `seq` has ended (answered, failed or abandoned): its share of the slots is free
+        again, and every poll before the oldest still open has now ended."""
+        self._open_polls.discard(seq)
+        self._asked -= asked
+        self._polls_completed = min(self._open_polls) - 1 if self._open_polls else self._poll_seq
+        self._slot_freed.set()
 
     def _log_failure(self, exc: ControllerError, backoff: Backoff) -> float:
         """Log one failed call to the controller; returns the delay before the next try."""

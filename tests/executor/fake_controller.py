@@ -46,6 +46,7 @@ class FakeController:
     to_cancel: set[Key] = field(default_factory=set)
     to_lose: set[Key] = field(default_factory=set)
     reject: dict[Key, str] = field(default_factory=dict)  # reports refused with this reason
+    held: dict[int, asyncio.Event] = field(default_factory=dict)  # poll_seq -> answered once set
     port: int = 0
     _server: Any = None
     _next_key: int = 1
@@ -109,6 +110,8 @@ class FakeController:
 
     async def poll(self, request: pb.PollStepsRequest) -> pb.PollStepsResponse:
         self.polls.append(PollRecord(request=request, at=time.monotonic()))
+        if (gate := self.held.get(request.poll_seq)) is not None:
+            await gate.wait()  # an answer slow to come back: the poll stays open meanwhile
         deadline = time.monotonic() + min(request.wait_ms, self.max_poll_wait_ms) / 1000
         while True:
             ready = [s for s in self.queue if s.connector in request.connectors]

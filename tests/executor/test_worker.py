@@ -134,6 +134,33 @@ async def test_runs_up_to_slots_concurrently_and_batches_reports(fake: FakeContr
     assert worker.stats.results_rejected == 0
 
 
+async def test_pollers_share_the_free_slots_and_count_a_poll_complete_only_in_order(
+    fake: FakeController,
+) -> None:
+    """Two polls open at once ask for no more than the free slots between them, and heartbeats
+    never call a poll complete while an earlier one is still open: the controller would free
+    the leases that earlier poll is still bringing back."""
+    probe = Probe()
+    fake.held[1] = slow = asyncio.Event()
+    fake.enqueue(connector="probe")
+    async with running_worker(
+        fake, {"probe": FnConnector("probe", probe)}, slots=3, pollers=2
+    ) as running:
+        await wait_until(lambda: probe.running == 1)  # leased by poll 2 while poll 1 is held
+        first, second = (p.request for p in fake.polls[:2])
+        assert (first.poll_seq, second.poll_seq) == (1, 2)
+        assert first.max_steps + second.max_steps <= 3
+        beats = len(fake.heartbeats)
+        await wait_until(lambda: len(fake.heartbeats) >= beats + 3)
+        assert all(beat.polls_completed == 0 for beat in fake.heartbeats)
+        assert running.worker.stats.in_flight == 1
+        slow.set()
+        await wait_until(lambda: fake.heartbeats[-1].polls_completed >= 2)
+        seqs = [p.request.poll_seq for p in fake.polls]
+        assert len(seqs) == len(set(seqs))  # each number names one poll
+        probe.release.set()
+
+
 async def test_batches_are_capped_by_report_batch_max(fake: FakeController) -> None:
     probe = Probe()
     probe.release.set()
