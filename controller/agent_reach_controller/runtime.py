@@ -20,6 +20,7 @@ from agent_reach_controller.services import sweeps
 from agent_reach_controller.services.admission import AdmissionService
 from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.feed import EventFeed
+from agent_reach_controller.services.handoff import HandOff
 from agent_reach_controller.services.intake import IntakeService
 from agent_reach_controller.services.leases import LeaseKeeper
 from agent_reach_controller.services.leasing import Guards, LeaseTimings, LeasingService
@@ -77,6 +78,7 @@ class Components:
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
     webhook: ApprovalWebhook | None = None
+    hand_off: HandOff | None = None  # new steps straight to waiting pollers (Postgres)
 
     @property
     def catalog(self) -> ToolCatalog:
@@ -159,6 +161,11 @@ async def open_components(settings: ControllerSettings) -> Components:
         metrics=metrics,
         settle=work.settle,
     )
+    hand_off = (
+        HandOff(registry=registry, notifier=notifier)
+        if settings.hand_off and db.is_postgres
+        else None
+    )
     leasing = LeasingService(
         work=work,
         timings=LeaseTimings(
@@ -168,6 +175,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         guards=Guards(limiter=limiter, grants=Grants(keys, policy), tenant_caps=policy.caps_for),
         leases=leases,
         tool_health=tool_health,
+        hand_off=hand_off,
     )
     return Components(
         settings=settings,
@@ -176,7 +184,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         notifier=notifier,
         metrics=metrics,
         work=work,
-        intake=IntakeService(work=work),
+        intake=IntakeService(work=work, hand_off=hand_off),
         queries=TaskQueries(db=db, notifier=notifier),
         operator=operator,
         admission=AdmissionService(db=db, registry=registry, metrics=metrics),
@@ -194,6 +202,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
         webhook=webhook,
+        hand_off=hand_off,
     )
 
 

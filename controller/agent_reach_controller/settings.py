@@ -121,6 +121,12 @@ class ControllerSettings(BaseSettings):
         description="Prepare the hot path's statements on each Postgres connection; turn off "
         "behind a pooler in transaction mode that does not track prepared statements",
     )
+    hand_off: bool = Field(
+        True,
+        description="Lease a new task's ready steps straight to executors waiting on this "
+        "replica, in the submit's transaction (Postgres; tools without caps, breakers or rate "
+        "limits): one commit and one statement fewer per step",
+    )
     ready_file: Path | None = Field(None, description="Write bound ports here as JSON once up")
     log_format: str = Field("json", pattern="^(json|text)$")
     log_level: str = "INFO"

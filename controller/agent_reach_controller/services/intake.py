@@ -18,6 +18,7 @@ from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
 from agent_reach.states import StepStatus, TaskStatus
 from agent_reach_controller.planning.plan import Plan
 from agent_reach_controller.services.groups import GroupCommit, GroupFailed
+from agent_reach_controller.services.handoff import HandOff, HandOffRefused
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
@@ -82,9 +83,15 @@ class IntakeService:
     """Creates tasks from validated plans."""
 
     def __init__(
-        self, *, work: UnitOfWork, group_open: int = GROUP_OPEN, group_size: int = GROUP_SIZE
+        self,
+        *,
+        work: UnitOfWork,
+        hand_off: HandOff | None = None,
+        group_open: int = GROUP_OPEN,
+        group_size: int = GROUP_SIZE,
     ) -> None:
         self._work = work
+        self._hand_off = hand_off
         self._groups: GroupCommit[SubmitInput, Submitted] = GroupCommit(
             self._create,
             self._create_together,
@@ -129,8 +136,12 @@ class IntakeService:
         )
 
     async def _create(self, data: SubmitInput) -> Submitted:
-        async with self._work.begin() as tx:
-            made = await self._add(tx, data)
+        try:
+            async with self._work.begin() as tx:
+                made = await self._add(tx, data, hand_off=True)
+        except HandOffRefused:  # a poller's session ended, or a tool was paused: queue it
+            async with self._work.begin() as tx:
+                made = await self._add(tx, data, hand_off=False)
         return made.submitted()
 
     async def _create_together(self, group: Sequence[SubmitInput]) -> list[Submitted]:
@@ -144,9 +155,9 @@ class IntakeService:
         try:
             async with self._work.begin() as tx:
                 for data in group:
-                    made.append(await self._add(tx, data))
+                    made.append(await self._add(tx, data, hand_off=True))
                 committing = True
-        except (store.KeyTakenError, CatalogChangedError) as refused:
+        except (store.KeyTakenError, CatalogChangedError, HandOffRefused) as refused:
             raise GroupFailed(refused) from refused
         except Exception as failed:
             if not committing:
@@ -154,8 +165,9 @@ class IntakeService:
             raise  # the COMMIT may have landed: every member hears of it
         return [m.submitted() for m in made]
 
-    async def _add(self, tx: TaskWork, data: SubmitInput) -> _Made:
-        """One task's rows, events and audit entry, added to the unit of work `tx`."""
+    async def _add(self, tx: TaskWork, data: SubmitInput, *, hand_off: bool) -> _Made:
+        """One task's rows, events and audit entry, added to the unit of work `tx` (its ready
+        steps leased to waiting pollers, if `hand_off` and there are any)."""
         task_id = data.task_id or new_task_id()
         now, conn = tx.now, tx.conn
         if data.idempotency_key is not None:
@@ -201,7 +213,8 @@ class IntakeService:
             writes_to.NewTask(
                 _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
                 _step_rows(data, task_id, trace_id, now, self._work.registry),
-            )
+            ),
+            hand_off=self._hand_off.offer if hand_off and self._hand_off else None,
         )
         return _Made(task_id, trace_id, advanced.task_status.get(task_id, TaskStatus.PENDING))
 

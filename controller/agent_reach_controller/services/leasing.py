@@ -24,6 +24,7 @@ from agent_reach_controller.decide.outcomes import not_permitted
 from agent_reach_controller.decide.ratelimits import Rate, bucket_key
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.caps import CapService, TenantCapsLookup
+from agent_reach_controller.services.handoff import HandOff, Waiter
 from agent_reach_controller.services.leases import HeartbeatOutcome, LeaseKeeper
 from agent_reach_controller.services.limiter import RateLimiter
 from agent_reach_controller.services.sessions import Session
@@ -102,8 +103,10 @@ class LeasingService:
         guards: Guards,
         leases: LeaseKeeper,
         tool_health: ToolHealth,
+        hand_off: HandOff | None = None,
     ) -> None:
         self._work = work
+        self._hand_off = hand_off
         self._db = work.db
         self._registry = work.registry
         self._notifier = work.notifier
@@ -236,7 +239,7 @@ class LeasingService:
             if not claimed:
                 return [], due, drained
             await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
-        return await self._hand_out(claimed, claim), due, drained
+        return await self._hand_out(claimed, holder=claim.executor_id, now=claim.now), due, drained
 
     def _ungoverned(self, connectors: Sequence[str]) -> list[str] | None:
         """The tools of these connectors if a claim may skip reading the catalogue revision and
@@ -278,14 +281,17 @@ class LeasingService:
         async with self._db.transaction() as conn:
             claimed, due = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
         self.claim_paths["assumed"] += 1
-        return await self._hand_out(claimed, claim), due, len(claimed) < claim.limit
+        handed = await self._hand_out(claimed, holder=claim.executor_id, now=claim.now)
+        return handed, due, len(claimed) < claim.limit
 
-    async def _hand_out(self, claimed: list[StepRow], claim: claims.ClaimInput) -> list[StepRow]:
-        """The leased steps that may run (see _drop_refused), counted as leased."""
+    async def _hand_out(
+        self, claimed: list[StepRow], *, holder: str, now: datetime
+    ) -> list[StepRow]:
+        """The steps leased to `holder` that may run (see _drop_refused), counted as leased."""
         if not claimed:
             return claimed
-        claimed = await self._drop_refused(claimed, executor_id=claim.executor_id)
-        self.metrics.leased(claimed, now=claim.now)
+        claimed = await self._drop_refused(claimed, executor_id=holder)
+        self.metrics.leased(claimed, now=now)
         return claimed
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
@@ -419,7 +425,7 @@ class LeasingService:
             since = self._notifier.snapshot(keys)
             if quiet is not None and quiet.since == since and quiet.still_quiet():
                 claimed: list[StepRow] = []
-                due, drained = quiet.due, False
+                due, drained, empty = quiet.due, False, True
             else:
                 claimed, due, drained = await self._claim(
                     executor_id=executor_id,
@@ -428,18 +434,43 @@ class LeasingService:
                     session=session,
                     poll_seq=poll_seq,
                 )
+                empty = drained
             quiet = None
             remaining = deadline - loop.time()
             if claimed or remaining <= 0:
                 if claimed and drained:
-                    if len(self._drained) >= _DRAINED_KEPT:
-                        self._drained.clear()
-                    self._drained[holder] = Drained(since=since, due=due)
+                    self._remember_drained(holder, Drained(since=since, due=due))
                 return claimed
             pause = min(remaining, self.timings.recheck)
             if due is not None:
                 pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
-            await self._notifier.wait(keys, since, within=pause)
+            if not (empty and session is not None and self._hand_off is not None):
+                await self._notifier.wait(keys, since, within=pause)
+                continue
+
+            # The queue is empty for this poller: new steps may be handed to it as they are
+            # submitted here (services/handoff.py).
+            waiter = Waiter(
+                session=session,
+                connectors=frozenset(connectors),
+                limit=limit,
+                poll_seq=poll_seq,
+                keys=tuple(keys),
+                since=since,
+            )
+            async with self._hand_off.offers_to(waiter):
+                await self._notifier.wait(keys, since, within=pause, until=waiter.settled)
+            claimed = await self._hand_out(waiter.offered, holder=session.id, now=datetime.now(UTC))
+            if claimed:
+                self.claim_paths["handed_off"] += len(claimed)
+                if self._notifier.snapshot(keys) == since:  # still nothing queued for it
+                    self._remember_drained(holder, Drained(since=since, due=due))
+                return claimed
+
+    def _remember_drained(self, holder: tuple[str, tuple[str, ...]], drained: Drained) -> None:
+        if len(self._drained) >= _DRAINED_KEPT:
+            self._drained.clear()
+        self._drained[holder] = drained
 
     async def heartbeat(
         self,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,6 +48,10 @@ class Advanced:
     ready_connectors: set[str] = field(default_factory=set)
     finished_tasks: set[str] = field(default_factory=set)
     task_status: dict[str, TaskStatus] = field(default_factory=dict)
+
+
+# Leases what waiting pollers can take of a new task's ready steps (services/handoff.py).
+Offer = Callable[[Connection, writes_to.NewTask, datetime], Awaitable[None]]
 
 
 class TaskWork:
@@ -157,9 +161,10 @@ class TaskWork:
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         return advanced
 
-    async def create(self, new: writes_to.NewTask) -> Advanced:
+    async def create(self, new: writes_to.NewTask, *, hand_off: Offer | None = None) -> Advanced:
         """Insert a task nobody else can see yet: its first advance is decided on the rows in
-        memory, which are then written once, as decided (no lock needed)."""
+        memory, which are then written once, as decided (no lock needed). `hand_off` may lease
+        the steps it made ready to waiting pollers first (services/handoff.py)."""
         task = new.task_row()
         advanced = await self._work.advance_loaded(
             self.conn,
@@ -168,6 +173,11 @@ class TaskWork:
             now=self.now,
             writes=new,
         )
+        if hand_off is not None and advanced.ready_connectors:
+            await hand_off(self.conn, new, self.now)
+            queued = {s.connector for s in new.step_rows() if s.status is StepStatus.READY}
+            advanced.ready_connectors.intersection_update(queued)  # nobody to wake for the rest
+            advanced.task_status[task.task_id] = new.task_row().status
         await new.write(self.conn)
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         return advanced

@@ -3,7 +3,7 @@ with the task statuses at commit (`AtCommit`), or a task not stored yet (`NewTas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -94,13 +94,26 @@ class NewTask:
     so a submit inserts each row once, in its decided state, with the same events as an update.
 
     Steps get provisional keys (-1, -2, …) for the advance to name them by; the database assigns
-    the real ones on `write`.
+    the real ones on `write`, and tells those of the steps named in `want_keys` (`keys`, by
+    provisional key, once the commit statement has run).
     """
 
     def __init__(self, task: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> None:
         self.task = dict(task)
         self._steps = {-(i + 1): dict(row) for i, row in enumerate(step_rows)}
         self._events: list[NewEvent] = []
+        self._wanted: set[int] = set()
+        self.keys: dict[int, int] = {}
+
+    def want_keys(self, provisional: Iterable[int]) -> None:
+        """Learn the real keys of these steps when they are inserted (`keys`)."""
+        self._wanted.update(provisional)
+
+    def step_row(self, provisional: int, **values: Any) -> StepRow:
+        """One step as decided, under its real key once known, with `values` on top."""
+        blank = dict.fromkeys(steps.c.keys())
+        key = self.keys.get(provisional, provisional)
+        return StepRow.from_mapping({**blank, **self._steps[provisional], "id": key, **values})
 
     def task_row(self) -> TaskRow:
         return TaskRow.from_mapping(self.task)
@@ -139,11 +152,23 @@ class NewTask:
         await append_events(conn, self._events)
 
     async def _insert(self, conn: AsyncConnection) -> None:
-        rows = list(self._steps.values())
+        rows = [row for key, row in self._steps.items() if key not in self._wanted]
+        wanted = {self._steps[key]["step_id"]: key for key in self._wanted}  # by step id
         if conn.dialect.name == "postgresql":
             hot.insert_rows(conn, "tasks", [self.task])
             hot.insert_rows(conn, "steps", rows)
+            if wanted:
+
+                def learn(found: list[tuple[str, str, int]]) -> None:
+                    self.keys.update((wanted[step_id], key) for _, step_id, key in found)
+
+                hot.insert_rows_keyed(
+                    conn, "steps", [self._steps[k] for k in wanted.values()], learn
+                )
             return
         await conn.execute(tasks.insert().values(**self.task))
         for group in hot.by_columns(rows).values():  # an advance sets some columns on some rows
             await conn.execute(steps.insert(), list(group))
+        for provisional in wanted.values():
+            inserted = steps.insert().values(**self._steps[provisional]).returning(steps.c.id)
+            self.keys[provisional] = (await conn.execute(inserted)).scalar_one()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,9 @@ class CommitStatement:
     def __init__(self) -> None:
         self._parts: list[tuple[str, Mapping[str, Any], str | None]] = []
         self._refusals: dict[str, type[Exception]] = {}
+        # Parts whose value is handed back once the statement has run: (part, answer).
+        self._readers: list[tuple[int, Callable[[Any], None]]] = []
+        self._cursor: psycopg.AsyncCursor[Any] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._parts)
@@ -58,6 +61,14 @@ class CommitStatement:
     def select(self, sql: str, params: Mapping[str, Any]) -> None:
         """Add a SELECT run for its effect (`pg_notify`): the statement counts its rows."""
         self._parts.append((sql, params, "count(*)"))
+
+    def read(
+        self, sql: str, params: Mapping[str, Any], *, value: str, answer: Callable[[Any], None]
+    ) -> None:
+        """Add a write whose RETURNING rows are wanted: `value`, an SQL aggregate over them
+        (`json_agg(…)`), is passed to `answer` once the statement has run (see `answered`)."""
+        self._readers.append((len(self._parts), answer))
+        self._parts.append((sql, params, value))
 
     def expect(
         self, sql: str, params: Mapping[str, Any], *, holds: str, refusal: type[Exception]
@@ -81,7 +92,18 @@ class CommitStatement:
             for name, value in part.items()
         }
         sql = compose(tuple((sql, value) for sql, _, value in self._parts))
-        await pg.execute(sql, params, prepare=prepare)
+        self._cursor = await pg.execute(sql, params, prepare=prepare)
+
+    async def answered(self) -> None:
+        """Hand each `read` part its value (the statement sent, its round trip done)."""
+        if not self._readers or self._cursor is None:
+            return
+        row = await self._cursor.fetchone()
+        assert row is not None
+        # The final SELECT lists the values of the parts that have one, in part order.
+        valued = [i for i, (_, _, value) in enumerate(self._parts) if value is not None]
+        for part, answer in self._readers:
+            answer(row[valued.index(part)])
 
     def refusal(self, error: psycopg.Error) -> Exception | None:
         """The guard's exception if `error` is one of this statement's refusals."""

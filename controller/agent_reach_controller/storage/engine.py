@@ -26,6 +26,7 @@ TX_STATE_PREFIX = "agent_reach.tx."
 _BEFORE_COMMIT = f"{TX_STATE_PREFIX}before_commit"
 _AFTER_COMMIT = f"{TX_STATE_PREFIX}after_commit"
 _ON_COMMIT = f"{TX_STATE_PREFIX}on_commit"
+_UNDONE = f"{TX_STATE_PREFIX}undone"
 _STATEMENT = f"{TX_STATE_PREFIX}statement"
 _QUEUED = f"{TX_STATE_PREFIX}queued"
 # Kept for the life of the pooled connection (its `info` is per DBAPI connection).
@@ -129,6 +130,13 @@ def after_commit(conn: AsyncConnection, done: Callable[[], None]) -> None:
     """Call `done()` once this transaction has committed (never if it rolls back or the commit
     fails): for what must count only what really happened, such as metrics."""
     conn.info.setdefault(_AFTER_COMMIT, []).append(done)
+
+
+def undone(conn: AsyncConnection, then: Callable[[], None]) -> None:
+    """Call `then()` if this transaction does not commit (it raised, or its commit failed,
+    whether or not the COMMIT may have landed): for what was promised on its outcome, such as a
+    step offered to a waiting poller."""
+    conn.info.setdefault(_UNDONE, []).append(then)
 
 
 def on_commit(conn: AsyncConnection, then: AfterCommit) -> None:
@@ -286,30 +294,37 @@ class Database:
         Callbacks registered with `before_commit` run, in order, just before a successful
         commit (batched writes such as the event log use it); observers (`observe_commits`)
         run before them. Once committed, the `after_commit` callbacks run, then the `on_commit`
-        coroutines (outside SQLite's writer lock).
+        coroutines (outside SQLite's writer lock); if it did not commit, the `undone` ones.
         """
-        async with self._lock or contextlib.nullcontext(), self._begin() as conn:
-            # Read once, while the connection is sound: on a connection that died mid-way
-            # `conn.info` raises, and that error would replace the real one (a lost database).
-            info = conn.info
-            try:
-                yield conn
-                for observer in self._observers:
-                    await observer(conn)
-                if info.get(_QUEUED):
-                    async with round_trip(conn):
-                        pass
-                hooks = info.get(_BEFORE_COMMIT, ())
-                if hooks and self.is_postgres:
-                    await self._commit_statement(conn, hooks)
-                else:
-                    for hook in hooks:
-                        await hook(conn)
-                finished = list(info.get(_AFTER_COMMIT, ()))
-                committed: list[AfterCommit] = list(info.get(_ON_COMMIT, ()))
-            finally:
-                for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
-                    del info[key]
+        undo: list[Callable[[], None]] = []
+        try:
+            async with self._lock or contextlib.nullcontext(), self._begin() as conn:
+                # Read once, while the connection is sound: on a connection that died mid-way
+                # `conn.info` raises, and that error would replace the real one (a lost database).
+                info = conn.info
+                try:
+                    yield conn
+                    for observer in self._observers:
+                        await observer(conn)
+                    if info.get(_QUEUED):
+                        async with round_trip(conn):
+                            pass
+                    hooks = info.get(_BEFORE_COMMIT, ())
+                    if hooks and self.is_postgres:
+                        await self._commit_statement(conn, hooks)
+                    else:
+                        for hook in hooks:
+                            await hook(conn)
+                    finished = list(info.get(_AFTER_COMMIT, ()))
+                    committed: list[AfterCommit] = list(info.get(_ON_COMMIT, ()))
+                finally:
+                    undo = info.pop(_UNDONE, [])
+                    for key in [k for k in info if str(k).startswith(TX_STATE_PREFIX)]:
+                        del info[key]
+        except BaseException:
+            for void in undo:
+                void()
+            raise
         for done in finished:
             done()
         for then in committed:
@@ -335,6 +350,7 @@ class Database:
             if refusal is None:
                 raise
             raise refusal from None
+        await statement.answered()
 
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[AsyncConnection]:

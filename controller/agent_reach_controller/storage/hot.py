@@ -206,6 +206,16 @@ WHERE task_id IN (
 RETURNING task_id
 """
 
+# What handing a new task's steps straight to waiting pollers assumes (services/handoff.py):
+# their sessions live, their tools unpaused.
+HAND_OFF_GUARD = """
+SELECT (SELECT count(*) FROM executor_sessions
+        WHERE id = ANY(%(sessions)s::text[]) AND ended_at IS NULL)
+       = cardinality(%(sessions)s::text[])
+   AND NOT EXISTS (SELECT 1 FROM tool_pauses
+                   WHERE until > %(now)s AND tool = ANY(%(tools)s::text[])) AS ok
+"""
+
 # A live executor session's heartbeat.
 TOUCH_SESSION = """
 UPDATE executor_sessions SET last_seen_at = %(now)s, expires_at = %(expires_at)s
@@ -280,6 +290,42 @@ def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]])
     statement = commit_statement(conn)
     for columns, group in by_columns(rows).items():
         statement.write(insert_rows_sql(table, columns), {"rows": json_rows(group)})
+
+
+def insert_rows_keyed(
+    conn: Connection,
+    table: str,
+    rows: Sequence[Mapping[str, Any]],
+    answer: Callable[[list[tuple[str, str, int]]], None],
+) -> None:
+    """Insert whole `steps` rows at commit, as `insert_rows`, and tell `answer` the key the
+    database gave each: [(task_id, step_id, id)] once the commit statement has run."""
+    statement = commit_statement(conn)
+    for columns, group in by_columns(rows).items():
+        statement.read(
+            insert_rows_sql(table, columns) + " RETURNING task_id, step_id, id",
+            {"rows": json_rows(group)},
+            value="json_agg(json_build_array(task_id, step_id, id))",
+            answer=lambda found: answer([tuple(row) for row in found or ()]),
+        )
+
+
+def expect_hand_off(
+    conn: Connection,
+    *,
+    sessions: Sequence[str],
+    tools: Sequence[str],
+    now: datetime,
+    refusal: type[Exception],
+) -> None:
+    """Commit only if these executor sessions are all live and none of these tools is paused,
+    else raise `refusal()`: what leasing a new task's steps to waiting pollers assumes."""
+    commit_statement(conn).expect(
+        HAND_OFF_GUARD,
+        {"sessions": sorted(set(sessions)), "tools": sorted(set(tools)), "now": now},
+        holds="coalesce(bool_and(ok), false)",
+        refusal=refusal,
+    )
 
 
 def insert_events(conn: Connection, rows: str) -> None:

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import psycopg
@@ -103,20 +103,35 @@ class Notifier:
         """The counters of `keys` now; pass it to `wait` to sleep until one of them moves."""
         return (self._epoch, *(self._counts[k] for k in keys))
 
-    async def wait(self, keys: Iterable[str], since: tuple[int, ...], *, within: float) -> None:
-        """Return when a counter of `keys` moved past `since`, or after `within` seconds."""
+    async def wait(
+        self,
+        keys: Iterable[str],
+        since: tuple[int, ...],
+        *,
+        within: float,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        """Return when a counter of `keys` moved past `since`, when `until()` holds (checked
+        whenever `nudge` is called), or after `within` seconds."""
         wanted = list(keys)
         if within <= 0:
             return
+
+        def moved() -> bool:
+            return self.snapshot(wanted) != since or (until is not None and until())
+
         async with self._changed:
             self.waiting += 1
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: self.snapshot(wanted) != since), within
-                    )
+                    await asyncio.wait_for(self._changed.wait_for(moved), within)
             finally:
                 self.waiting -= 1
+
+    async def nudge(self) -> None:
+        """Make every waiter check its `until` again."""
+        async with self._changed:
+            self._changed.notify_all()
 
     @contextlib.contextmanager
     def watching(self, keys: Iterable[str]) -> Iterator[None]:

@@ -1,0 +1,208 @@
+"""A new step goes straight to a poller waiting on the replica that takes the submit.
+
+Over the real REST API and real gRPC on Postgres: an executor's poll finds the queue empty and
+waits; the submit leases the step to it in the submit's own transaction, and the poll answers with
+it. What must hold: the lease is the one a claim would have taken (same events, same holder, a
+lease token the executor can report with), it costs no transaction of its own, and wherever a
+claim would not have leased the step (the poller's session ended, the tool paused or governed)
+the step is queued instead, the submit still answered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.storage import flow
+from tests.integration.stack import TOOLS, api_client, components_for, write_tools
+from tests.integration.test_commits import _next_xid, executor_plane
+from tests.integration.test_executor_auth import Executor
+
+PLAN = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": 1}}]}
+
+
+async def _waiting(c: Components, count: int = 1, within: float = 5.0) -> None:
+    """Until `count` polls wait on this replica for steps."""
+    assert c.hand_off is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while c.hand_off.waiting < count:
+        assert loop.time() < deadline, "no poll came to wait"
+        await asyncio.sleep(0.005)
+
+
+async def _registered(c: Components, stub: Any, name: str = "waiting") -> Executor:
+    _, token = await c.pools.create(name=name, created_by="test")
+    executor = Executor(stub, token, executor_id=name)
+    await executor.register()
+    return executor
+
+
+def _session_of(url: str, executor: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT id FROM executor_sessions WHERE executor_id = %s", (executor,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _events(url: str, task_id: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT kind, step_id, from_status, to_status, data FROM events"
+            " WHERE task_id = %s ORDER BY id",
+            (task_id,),
+        ).fetchall()
+
+
+@pytest.fixture
+async def plane(postgres_url: str, tmp_path: Path) -> AsyncIterator[tuple[Components, Any, Any]]:
+    async with (
+        components_for(postgres_url, write_tools(tmp_path)) as c,
+        api_client(c) as http,
+        executor_plane(c) as stub,
+    ):
+        yield c, http, stub
+
+
+async def test_a_waiting_poll_is_handed_the_step_in_the_submits_own_transaction(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    c, http, stub = plane
+    assert c.hand_off is not None
+    executor = await _registered(c, stub)
+    assert await executor.poll(wait_ms=50) == []  # the queue is empty: later polls wait
+    poll = asyncio.create_task(executor.poll(wait_ms=5000))
+    await _waiting(c)
+
+    before = _next_xid(postgres_url)
+    answer = await http.post("/v1/tasks", json=PLAN)
+    assert answer.status_code == 202, answer.text
+    assert _next_xid(postgres_url) - before == 1  # the lease rode in the submit's transaction
+    task_id = answer.json()["task_id"]
+    assert answer.json()["status"] == "running"
+
+    (step,) = await asyncio.wait_for(poll, 5)
+    assert step.task_id == task_id
+    assert step.step_id == "a"
+    view = await c.queries.get(task_id)
+    assert step.lease.step_key == view.steps[0].id  # the key the database gave the row
+    assert view.steps[0].status == "running"
+    session = _session_of(postgres_url, "waiting")
+    assert view.steps[0].lease_owner == session
+    assert c.hand_off.handed == 1
+
+    ack = await executor.report(step.lease, {"ok": True})  # its lease token is the session's
+    assert ack.accepted, ack.reason
+    assert _next_xid(postgres_url) - before == 2  # submit, report: nothing else wrote
+    assert (await c.queries.get(task_id)).task.status == "succeeded"
+    kinds = [(kind, frm, to) for kind, _, frm, to, _ in _events(postgres_url, task_id)]
+    assert kinds == [
+        ("task_created", None, "pending"),
+        ("unblock", "blocked", "ready"),
+        ("lease", "ready", "running"),  # as a claim records it, holder included
+        ("task_status", "pending", "running"),
+        ("succeed", "running", "succeeded"),
+        ("task_status", "running", "succeeded"),
+    ]
+    lease = _events(postgres_url, task_id)[2]
+    assert lease[4] == {"executor_id": "waiting", "session": session}
+
+
+async def test_a_poller_whose_session_ended_gets_nothing_and_the_step_is_queued(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    c, http, stub = plane
+    assert c.hand_off is not None
+    executor = await _registered(c, stub)
+    assert await executor.poll(wait_ms=50) == []
+    poll = asyncio.create_task(executor.poll(wait_ms=300))
+    await _waiting(c)
+    # Another replica ends the session (an operator revoked it) behind this one's back.
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("UPDATE executor_sessions SET ended_at = now(), end_reason = 'revoked'")
+
+    answer = await http.post("/v1/tasks", json=PLAN)
+    assert answer.status_code == 202, answer.text
+    task_id = answer.json()["task_id"]
+    view = await c.queries.get(task_id)
+    assert [s.status for s in view.steps] == ["ready"]  # queued for a live executor
+    assert view.task.status == "pending"
+    assert c.hand_off.handed == 0
+    assert await poll == []  # its claim, woken by the queued step, leases nothing either
+    with psycopg.connect(postgres_url) as conn:
+        tasks = conn.execute("SELECT count(*) FROM tasks").fetchone()
+    assert tasks == (1,)  # made again without the hand-off, once
+
+    other = await _registered(c, stub, name="live")
+    (step,) = await other.poll(wait_ms=2000)
+    assert step.task_id == task_id
+
+
+async def test_a_paused_tool_is_queued_not_handed_off(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    c, http, stub = plane
+    assert c.hand_off is not None
+    executor = await _registered(c, stub)
+    assert await executor.poll(wait_ms=50) == []
+    poll = asyncio.create_task(executor.poll(wait_ms=300))
+    await _waiting(c)
+    now = datetime.now(UTC)
+    async with c.db.transaction() as conn:  # a 429's Retry-After, learned on another replica
+        await flow.pause_tool(
+            conn, "echo.say", until=now + timedelta(minutes=1), reason="t", now=now
+        )
+
+    answer = await http.post("/v1/tasks", json=PLAN)
+    assert answer.status_code == 202, answer.text
+    view = await c.queries.get(answer.json()["task_id"])
+    assert [s.status for s in view.steps] == ["ready"]
+    assert c.hand_off.handed == 0
+    assert await poll == []  # woken by the queued step, it leases nothing of a paused tool
+
+
+async def test_a_governed_tool_goes_through_the_queue(postgres_url: str, tmp_path: Path) -> None:
+    capped = [{**t, "concurrency": 1} if t["name"] == "echo.say" else t for t in TOOLS]
+    async with (
+        components_for(postgres_url, write_tools(tmp_path, capped)) as c,
+        api_client(c) as http,
+        executor_plane(c) as stub,
+    ):
+        assert c.hand_off is not None
+        executor = await _registered(c, stub)
+        assert await executor.poll(wait_ms=50) == []
+        poll = asyncio.create_task(executor.poll(wait_ms=5000))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while c.notifier.waiting < 1:  # a governed claim never drains: it waits to claim again
+            assert loop.time() < deadline, "no poll came to wait"
+            await asyncio.sleep(0.005)
+        assert c.hand_off.waiting == 0
+        answer = await http.post("/v1/tasks", json=PLAN)
+        assert answer.status_code == 202, answer.text
+        (step,) = await asyncio.wait_for(poll, 5)  # leased by a claim, within the cap
+        assert step.task_id == answer.json()["task_id"]
+        assert c.hand_off.handed == 0
+
+
+async def test_without_hand_off_the_poll_claims_the_step(postgres_url: str, tmp_path: Path) -> None:
+    async with (
+        components_for(postgres_url, write_tools(tmp_path), hand_off=False) as c,
+        api_client(c) as http,
+        executor_plane(c) as stub,
+    ):
+        assert c.hand_off is None
+        executor = await _registered(c, stub)
+        poll = asyncio.create_task(executor.poll(wait_ms=5000))
+        answer = await http.post("/v1/tasks", json=PLAN)
+        (step,) = await asyncio.wait_for(poll, 5)
+        assert step.task_id == answer.json()["task_id"]
