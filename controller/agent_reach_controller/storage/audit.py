@@ -144,6 +144,9 @@ async def chain_head(conn: Connection) -> tuple[int, str | None] | None:
 
 async def seal_entries(conn: Connection, seals: Sequence[Seal]) -> int:
     """Write seq, prev_hash and hash on these rows if still unsealed; returns how many were."""
+    if conn.dialect.name == "postgresql":  # one statement, not one per row
+        rows = [{"id": s.id, "seq": s.seq, "prev_hash": s.prev_hash, "hash": s.hash} for s in seals]
+        return len(await hot.tuples(conn, hot.SEAL_AUDIT_ENTRIES, {"rows": json_rows(rows)}))
     result = await conn.execute(
         sa.update(audit_log)
         .where(audit_log.c.id == sa.bindparam("b_id"), audit_log.c.hash.is_(None))

@@ -216,6 +216,14 @@ SELECT (SELECT count(*) FROM executor_sessions
                    WHERE until > %(now)s AND tool = ANY(%(tools)s::text[])) AS ok
 """
 
+# Audit entries chained by the sealer (audit/log.py), from a JSON array, each only if unsealed.
+SEAL_AUDIT_ENTRIES = """
+UPDATE audit_log AS a SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seq bigint, prev_hash text, hash text)
+WHERE a.id = v.id AND a.hash IS NULL
+RETURNING a.id
+"""
+
 # A live executor session's heartbeat.
 TOUCH_SESSION = """
 UPDATE executor_sessions SET last_seen_at = %(now)s, expires_at = %(expires_at)s
