@@ -270,7 +270,7 @@ def _measure(config: Config, began: float, plans: int) -> int:
             )
             say(
                 f"== submit->start latency: open loop, {config.rate:.0f} single-step tasks/s for"
-                f" {config.latency_seconds:.0f} s; lease time (steps.started_at) - client send time"
+                f" {config.latency_seconds:.0f} s; executor connector start - client send time"
             )
             lats = _repeat(config, workdir, tools, "latency", latency, describe_latency)
             say(

@@ -1,8 +1,9 @@
 """One run of each measurement, on a fresh database with freshly started processes.
 
 Clocks: the client records wall-clock times (`time.time()`); the controller writes
-`steps.started_at` (lease time) and `tasks.finished_at` from `datetime.now(UTC)` on the same
-machine, so the two are directly comparable.
+`steps.started_at` (lease time) and `tasks.finished_at` from `datetime.now(UTC)`, and the
+latency run's `clock` tool returns the executor's `time.time()` when its connector starts, all on
+the same machine, so they are directly comparable.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Dispatch:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Latency:
     sent: int
-    latencies_ms: list[float]  # started_at - client send time, per task
+    latencies_ms: list[float]  # connector start - client send time, per task
     rtts_ms: list[float]  # submit HTTP round trip
     max_send_lag_ms: float  # how late the generator sent against its schedule
     elapsed_s: float  # first to last send
@@ -118,12 +119,28 @@ def write_tools(directory: Path) -> Path:
         "retry": {"maximum_attempts": 1},
         "idempotent": True,
     }
-    path.write_text(yaml.safe_dump({"tools": [tool]}))
+    # When the step really started: the executor's clock as its connector runs (a lease is
+    # taken in the submit's own transaction when the step is handed to a waiting poll).
+    clock = {
+        "name": "clock",
+        "description": "Returns the executor's time.time() (benchmark start stamp).",
+        "connector": "python",
+        "config": {"function": "time:time"},
+        "input_schema": {"type": "object", "additionalProperties": False},
+        "timeout": "10s",
+        "retry": {"maximum_attempts": 1},
+        "idempotent": True,
+    }
+    path.write_text(yaml.safe_dump({"tools": [tool, clock]}))
     return path
 
 
-def plan_body(size: int, tag: str) -> bytes:
-    steps = [{"step_id": f"s{i}", "tool": "noop", "args": {"i": i}} for i in range(size)]
+def plan_body(size: int, tag: str, *, tool: str = "noop") -> bytes:
+    args = {} if tool == "clock" else None
+    steps = [
+        {"step_id": f"s{i}", "tool": tool, "args": {"i": i} if args is None else args}
+        for i in range(size)
+    ]
     return json.dumps({"goal": tag, "steps": steps}).encode()
 
 
@@ -165,7 +182,10 @@ class Stack:
 
     def start_executor(self) -> Proc:
         self.executor = self.cluster.executor(
-            "executor", controller=self.controller, slots=self.slots, extra=["--connectors", "echo"]
+            "executor",
+            controller=self.controller,
+            slots=self.slots,
+            extra=["--connectors", "echo,python"],
         )
         return self.executor
 
@@ -364,11 +384,12 @@ async def dispatch_only(stack: Stack, config: Config) -> Dispatch:
 
 
 async def latency(stack: Stack, config: Config) -> Latency:
-    """Open loop: single-step tasks sent at t0 + i/rate whatever the answers; lease - send."""
+    """Open loop: single-step tasks sent at t0 + i/rate whatever the answers; the time the
+    executor's connector started (the `clock` tool's output) - send."""
     stack.start_executor()
     await _warm_up(stack)
     count = round(config.rate * config.latency_seconds)
-    body = plan_body(1, "latency")
+    body = plan_body(1, "latency", tool="clock")
     sends: list[float] = [math.nan] * count
     rtts: list[float] = [math.nan] * count
     task_ids: list[str] = [""] * count
@@ -397,7 +418,7 @@ async def latency(stack: Stack, config: Config) -> Latency:
     await check_all_succeeded(stack, 1 + count)
     async with await psycopg.AsyncConnection.connect(stack.database_url, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT task_id, extract(epoch FROM started_at) FROM steps WHERE task_id = ANY(%s)",
+            "SELECT task_id, (output #>> '{}')::float8 FROM steps WHERE task_id = ANY(%s)",
             (task_ids,),
         )
         started = {task_id: float(at) for task_id, at in await cur.fetchall()}
