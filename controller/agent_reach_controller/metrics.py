@@ -66,6 +66,15 @@ class ControllerMetrics:
             buckets=m.LATENCY_BUCKETS,
             registry=r,
         )
+        self._leased = Counter(
+            m.STEPS_LEASED,
+            "Leases handed to executors: claimed from the queue, or handed_off to a waiting "
+            "poll in the submit's own transaction.",
+            [m.PATH],
+            registry=r,
+        )
+        for path in m.LEASE_PATHS:
+            self._leased.labels(path)
         self._duration = Histogram(
             m.STEP_DURATION,
             "How long an attempt ran on its executor, by what became of the step.",
@@ -157,8 +166,10 @@ class ControllerMetrics:
             if sample.name == name and labels.items() <= sample.labels.items()
         )
 
-    def leased(self, steps: Iterable[StepRow], *, now: datetime) -> None:
-        """Schedule-to-start of attempts just handed to an executor (committed leases)."""
+    def leased(self, steps: Sequence[StepRow], *, now: datetime, handed_off: bool = False) -> None:
+        """Schedule-to-start of attempts just handed to an executor (committed leases), and
+        how they were leased."""
+        self._leased.labels(m.HANDED_OFF if handed_off else m.CLAIMED).inc(len(steps))
         for step in steps:
             if (due := step.due_at) is None:
                 continue

@@ -17,6 +17,9 @@ QUEUE_OLDEST_READY_AGE: Final = "agent_reach_queue_oldest_ready_age_seconds"  # 
 SCHEDULE_TO_START: Final = "agent_reach_schedule_to_start_seconds"  # histogram {tool}
 STEP_DURATION: Final = "agent_reach_step_duration_seconds"  # histogram {tool, outcome}
 STEPS: Final = "agent_reach_steps"  # counter {tool, outcome}
+# Leases handed to executors, by how: a claim from the queue, or a hand-off to a waiting poll in
+# the submit's own transaction.
+STEPS_LEASED: Final = "agent_reach_steps_leased"  # counter {path}: see LEASE_PATHS
 RETRIES: Final = "agent_reach_retries"  # counter {tool, reason}
 RATE_LIMITED: Final = "agent_reach_rate_limited"  # counter {tool}: steps a bucket deferred
 TOOL_PAUSES: Final = "agent_reach_tool_pauses"  # counter {tool}: a downstream said slow down
@@ -41,6 +44,7 @@ TOOL: Final = "tool"
 OUTCOME: Final = "outcome"
 REASON: Final = "reason"
 SWEEP: Final = "sweep"
+PATH: Final = "path"
 STATE: Final = "state"
 RESULT: Final = "result"
 
@@ -55,6 +59,10 @@ SUCCEEDED: Final = "succeeded"
 FAILED: Final = "failed"
 # `reason` of a retry whose error code is not one of ours (a plugin's own code).
 OTHER: Final = "other"
+# `path` of a lease.
+CLAIMED: Final = "claimed"
+HANDED_OFF: Final = "handed_off"
+LEASE_PATHS: Final = (CLAIMED, HANDED_OFF)
 # `state` of an executor slot.
 BUSY: Final = "busy"
 FREE: Final = "free"

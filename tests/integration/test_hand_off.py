@@ -99,6 +99,9 @@ async def test_a_waiting_poll_is_handed_the_step_in_the_submits_own_transaction(
     session = _session_of(postgres_url, "waiting")
     assert view.steps[0].lease_owner == session
     assert c.hand_off.handed == 1
+    leased = "agent_reach_steps_leased_total"
+    assert c.metrics.total(leased, path="handed_off") == 1
+    assert c.metrics.total(leased, path="claimed") == 0
 
     ack = await executor.report(step.lease, {"ok": True})  # its lease token is the session's
     assert ack.accepted, ack.reason
@@ -192,6 +195,7 @@ async def test_a_governed_tool_goes_through_the_queue(postgres_url: str, tmp_pat
         (step,) = await asyncio.wait_for(poll, 5)  # leased by a claim, within the cap
         assert step.task_id == answer.json()["task_id"]
         assert c.hand_off.handed == 0
+        assert c.metrics.total("agent_reach_steps_leased_total", path="claimed") == 1
 
 
 async def test_without_hand_off_the_poll_claims_the_step(postgres_url: str, tmp_path: Path) -> None:

@@ -285,13 +285,13 @@ class LeasingService:
         return handed, due, len(claimed) < claim.limit
 
     async def _hand_out(
-        self, claimed: list[StepRow], *, holder: str, now: datetime
+        self, claimed: list[StepRow], *, holder: str, now: datetime, handed_off: bool = False
     ) -> list[StepRow]:
         """The steps leased to `holder` that may run (see _drop_refused), counted as leased."""
         if not claimed:
             return claimed
         claimed = await self._drop_refused(claimed, executor_id=holder)
-        self.metrics.leased(claimed, now=now)
+        self.metrics.leased(claimed, now=now, handed_off=handed_off)
         return claimed
 
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
@@ -460,9 +460,10 @@ class LeasingService:
             )
             async with self._hand_off.offers_to(waiter):
                 await self._notifier.wait(keys, since, within=pause, until=waiter.settled)
-            claimed = await self._hand_out(waiter.offered, holder=session.id, now=datetime.now(UTC))
+            claimed = await self._hand_out(
+                waiter.offered, holder=session.id, now=datetime.now(UTC), handed_off=True
+            )
             if claimed:
-                self.claim_paths["handed_off"] += len(claimed)
                 if self._notifier.snapshot(keys) == since:  # still nothing queued for it
                     self._remember_drained(holder, Drained(since=since, due=due))
                 return claimed
