@@ -210,3 +210,49 @@ async def test_without_hand_off_the_poll_claims_the_step(postgres_url: str, tmp_
         answer = await http.post("/v1/tasks", json=PLAN)
         (step,) = await asyncio.wait_for(poll, 5)
         assert step.task_id == answer.json()["task_id"]
+
+
+async def test_a_poll_waits_for_a_step_promised_by_a_transaction_still_running(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    """The poll's wait ends while the submit that promised it a step is held up (a concurrent
+    insert of the same Idempotency-Key, not yet committed): the poll answers with the step once
+    that submit commits, instead of leaving it to be found lost at the next heartbeat."""
+    c, http, stub = plane
+    assert c.hand_off is not None
+    first = await http.post("/v1/tasks", json=PLAN, headers={"Idempotency-Key": "k0"})
+    assert first.status_code == 202, first.text
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute("SELECT principal FROM idempotency_keys WHERE key = 'k0'").fetchone()
+    assert row is not None
+    executor = await _registered(c, stub)
+    (queued,) = await executor.poll(wait_ms=50)
+    assert await executor.poll(wait_ms=50) == []
+    poll = asyncio.create_task(executor.poll(wait_ms=200))
+    await _waiting(c)
+
+    blocker = await psycopg.AsyncConnection.connect(postgres_url)
+    try:
+        await blocker.execute(
+            "INSERT INTO idempotency_keys (principal, key, request_hash, task_id, created_at)"
+            " VALUES (%s, 'k1', 'x', 'elsewhere', now())",
+            (row[0],),
+        )
+        submit = asyncio.create_task(
+            http.post("/v1/tasks", json=PLAN, headers={"Idempotency-Key": "k1"})
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while not c.hand_off.promised:
+            assert loop.time() < deadline, "the submit promised nothing"
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.4)  # past the poll's own wait: only the promise holds it now
+        assert not poll.done()
+        await blocker.rollback()  # the key is free: the submit commits
+    finally:
+        await blocker.close()
+    answer = await submit
+    assert answer.status_code == 202, answer.text
+    (step,) = await asyncio.wait_for(poll, 5)
+    assert step.task_id == answer.json()["task_id"]
+    assert queued.task_id == first.json()["task_id"]

@@ -107,19 +107,28 @@ class HandOff:
         """How many polls wait here for steps now."""
         return len(self._waiters)
 
+    @property
+    def promised(self) -> int:
+        """Steps promised to waiting polls by transactions not yet ended."""
+        return sum(w.promised for w in self._waiters)
+
     @contextlib.asynccontextmanager
     async def offers_to(self, waiter: Waiter) -> AsyncIterator[Waiter]:
         """Offer steps to `waiter` for the life of the block; on leaving, wait (a bounded
-        while) for those promised to it to arrive."""
+        while) for those promised to it to arrive. A block that raises (its call was cancelled)
+        waits for nothing: what was promised is the session's to release."""
         self._waiters.append(waiter)
         try:
             yield waiter
+        except BaseException:
+            waiter.open = False
+            raise
         finally:
             self._waiters.remove(waiter)
-            try:
-                await self._settle(waiter)
-            finally:
-                waiter.open = False
+        try:
+            await self._settle(waiter)
+        finally:
+            waiter.open = False
 
     async def _settle(self, waiter: Waiter) -> None:
         loop = asyncio.get_running_loop()
