@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agent_reach.errors import ErrorCode
@@ -31,7 +32,7 @@ class PythonConnector:
     name = "python"
 
     def __init__(self) -> None:
-        self._functions: dict[str, Callable[..., Any]] = {}
+        self._functions: dict[str, _Function] = {}
 
     async def start(self) -> None:
         """Nothing to open."""
@@ -41,7 +42,7 @@ class PythonConnector:
         """Nothing to release."""
         return None
 
-    def _function(self, tool: str, path: Any) -> Callable[..., Any]:
+    def _function(self, tool: str, path: Any) -> _Function:
         if not isinstance(path, str) or path.count(":") != 1:
             raise _fatal(tool, "config.function must look like 'package.module:function'")
         cached = self._functions.get(path)
@@ -60,16 +61,17 @@ class PythonConnector:
             raise _fatal(tool, f"module {module_name} has no attribute {attr}") from None
         if not callable(target):
             raise _fatal(tool, f"{path} is not callable")
-        function: Callable[..., Any] = target
+        function = _Function.of(target)
         self._functions[path] = function
         return function
 
     async def invoke(self, call: ToolCall) -> Any:
         """Call the function with `call.args`; return its JSON-serialisable result."""
-        function = self._function(call.tool, call.config.get("function"))
-        _check_arguments(call.tool, function, call.args)
+        target = self._function(call.tool, call.config.get("function"))
+        target.check(call.tool, call.args)
+        function = target.call
         try:
-            if _is_async(function):
+            if target.is_async:
                 result = await function(**call.args)
             else:
                 result = await asyncio.to_thread(function, **call.args)
@@ -97,17 +99,32 @@ def _fatal(tool: str, what: str) -> ConnectorError:
     return ConnectorError(ErrorCode.CONNECTOR_ERROR, f"{tool}: {what}", retryable=False)
 
 
-def _is_async(function: Callable[..., Any]) -> bool:
-    call = getattr(function, "__call__", None)  # noqa: B004  (async callable objects)
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+@dataclass(frozen=True, slots=True)
+class _Function:
+    """An imported callable, with what each call needs to know of it worked out once."""
+
+    call: Callable[..., Any]
+    signature: inspect.Signature | None  # None: a builtin without one (the call decides)
+    is_async: bool
+
+    @classmethod
+    def of(cls, function: Callable[..., Any]) -> _Function:
+        try:
+            signature: inspect.Signature | None = inspect.signature(function)
+        except (TypeError, ValueError):
+            signature = None
+        method = getattr(function, "__call__", None)  # noqa: B004  (async callable objects)
+        is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(method)
+        return cls(call=function, signature=signature, is_async=is_async)
+
+    def check(self, tool: str, args: Mapping[str, Any]) -> None:
+        """Bind before calling, so a TypeError inside the function is not blamed on the
+        arguments."""
+        if self.signature is not None:
+            _check_arguments(tool, self.signature, args)
 
 
-def _check_arguments(tool: str, function: Callable[..., Any], args: Mapping[str, Any]) -> None:
-    """Bind before calling, so a TypeError inside the function is not blamed on the arguments."""
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return  # some builtins have no signature: let the call decide
+def _check_arguments(tool: str, signature: inspect.Signature, args: Mapping[str, Any]) -> None:
     try:
         signature.bind(**args)
     except TypeError as exc:
