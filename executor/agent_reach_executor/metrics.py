@@ -41,11 +41,13 @@ class ExecutorMetrics:
             registry=r,
         )
         self._total = slots
+        # Children looked up once: `labels()` costs more than the update (twice per step).
+        self._busy, self._free = self._slots.labels(m.BUSY), self._slots.labels(m.FREE)
         self.slots_busy(0)
 
     def slots_busy(self, busy: int) -> None:
-        self._slots.labels(m.BUSY).set(busy)
-        self._slots.labels(m.FREE).set(max(0, self._total - busy))
+        self._busy.set(busy)
+        self._free.set(max(0, self._total - busy))
 
     def call_finished(self, assignment: Assignment, result: StepResult) -> None:
         seconds = max(0.0, (result.finished_at_ms - result.started_at_ms) / 1000)
