@@ -19,7 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.intake import IntakeService, SubmitInput
 from agent_reach_controller.storage import flow
 from tests.integration.stack import TOOLS, api_client, components_for, write_tools
 from tests.integration.test_commits import _next_xid, executor_plane
@@ -256,3 +258,36 @@ async def test_a_poll_waits_for_a_step_promised_by_a_transaction_still_running(
     (step,) = await asyncio.wait_for(poll, 5)
     assert step.task_id == answer.json()["task_id"]
     assert queued.task_id == first.json()["task_id"]
+
+
+async def test_submits_sharing_a_transaction_hand_their_steps_off_together(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    """A group commit hands each member's step to a waiting poll, all in its one transaction:
+    every step reaches exactly one poll, leased to that poll's session."""
+    c, _, stub = plane
+    assert c.hand_off is not None
+    polls = []
+    for name in ("one", "two"):
+        executor = await _registered(c, stub, name=name)
+        assert await executor.poll(wait_ms=50) == []
+        polls.append(asyncio.create_task(executor.poll(wait_ms=3000)))
+    await _waiting(c, count=2)
+
+    intake = IntakeService(work=c.work, hand_off=c.hand_off, group_open=1)
+    bodies = [
+        {"goal": f"g{i}", "steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": i}}]}
+        for i in range(4)
+    ]
+    made = await asyncio.gather(
+        *(intake.submit(SubmitInput(plan=parse_plan(b, c.catalog), request=b)) for b in bodies)
+    )
+    assert intake._groups.stats.sizes == {1: 1, 3: 1}  # one alone, then three together
+    handed = [step for poll in await asyncio.gather(*polls) for step in poll]
+    assert sorted(s.task_id for s in handed) == sorted(m.task_id for m in made)
+    assert c.hand_off.handed == 4
+    owners = {_session_of(postgres_url, name) for name in ("one", "two")}
+    for m in made:
+        (step,) = (await c.queries.get(m.task_id)).steps
+        assert step.status == "running"
+        assert step.lease_owner in owners
