@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from agent_reach.states import StepStatus, TaskStatus, Transition
 from agent_reach_controller.services.registry import ToolRegistry
@@ -66,14 +67,15 @@ class Waiter:
         """Whether it has steps and none still on their way."""
         return bool(self.offered) and not self.promised
 
-    def takes(self, step: StepRow) -> bool:
+    def takes(self, step: Mapping[str, Any]) -> bool:
+        """Whether it has room for this step (a row as decided) and may run it."""
         scope = self.session.scope
         return (
             self.open
             and len(self.offered) + self.promised < self.limit
-            and step.connector in self.connectors
-            and (scope.tenant is None or scope.tenant == step.tenant)
-            and scope.allows_tool(step.tool)
+            and step["connector"] in self.connectors
+            and (scope.tenant is None or scope.tenant == step["tenant"])
+            and scope.allows_tool(step["tool"])
         )
 
     @property
@@ -142,15 +144,15 @@ class HandOff:
         if not self._waiters:
             return
         taken: list[tuple[StepRow, Waiter]] = []
-        for step in new.step_rows():
-            if step.status is not StepStatus.READY or (step.not_before or now) > now:
+        for key, row in new.rows():
+            if row["status"] != StepStatus.READY or (row.get("not_before") or now) > now:
                 continue
-            if governed(self._registry.get(step.tool, step.tool_version)):
+            if governed(self._registry.get(row["tool"], row["tool_version"])):
                 continue
-            waiter = self._waiter_for(step)
+            waiter = self._waiter_for(row)
             if waiter is not None:
                 waiter.promised += 1
-                taken.append((step, waiter))
+                taken.append((new.step_row(key), waiter))
         if not taken:
             return
         undone(conn, lambda: self._withdraw(taken))
@@ -181,7 +183,7 @@ class HandOff:
 
         on_commit(conn, deliver)
 
-    def _waiter_for(self, step: StepRow) -> Waiter | None:
+    def _waiter_for(self, step: Mapping[str, Any]) -> Waiter | None:
         """A poller that can take `step` and has seen no wake-up since it found nothing; the
         one chosen goes to the back of the line."""
         for i, waiter in enumerate(self._waiters):

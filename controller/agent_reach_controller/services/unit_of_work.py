@@ -175,7 +175,7 @@ class TaskWork:
         )
         if hand_off is not None and advanced.ready_connectors:
             await hand_off(self.conn, new, self.now)
-            queued = {s.connector for s in new.step_rows() if s.status is StepStatus.READY}
+            queued = {r["connector"] for _, r in new.rows() if r["status"] == StepStatus.READY}
             advanced.ready_connectors.intersection_update(queued)  # nobody to wake for the rest
             advanced.task_status[task.task_id] = new.task_row().status
         await new.write(self.conn)
