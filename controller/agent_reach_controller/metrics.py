@@ -47,6 +47,7 @@ class ControllerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         ProcessCollector(registry=r)
         self._depth = Gauge(
@@ -166,15 +167,25 @@ class ControllerMetrics:
             if sample.name == name and labels.items() <= sample.labels.items()
         )
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up once: `labels()` validates and locks on every
+        call, and the per-step metrics call it three times a step. (Label values are bounded:
+        tools of the catalogue, outcomes, reasons.)"""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def leased(self, steps: Sequence[StepRow], *, now: datetime, handed_off: bool = False) -> None:
         """Schedule-to-start of attempts just handed to an executor (committed leases), and
         how they were leased."""
-        self._leased.labels(m.HANDED_OFF if handed_off else m.CLAIMED).inc(len(steps))
+        self._child(self._leased, m.HANDED_OFF if handed_off else m.CLAIMED).inc(len(steps))
         for step in steps:
             if (due := step.due_at) is None:
                 continue
             wait = max(0.0, (now - due).total_seconds())
-            self._start.labels(step.tool).observe(wait, exemplar=_exemplar(step))
+            self._child(self._start, step.tool).observe(wait, exemplar=_exemplar(step))
 
     def results(
         self, conn: Connection, applied: Sequence[tuple[AttemptResult, StepChange]]
@@ -201,12 +212,12 @@ class ControllerMetrics:
     def _closed(self, change: StepChange, result: AttemptResult | None) -> None:
         step, outcome = change.step, _outcome(change.transition)
         exemplar = _exemplar(step)
-        self._steps.labels(step.tool, outcome).inc(exemplar=exemplar)
+        self._child(self._steps, step.tool, outcome).inc(exemplar=exemplar)
         if outcome == m.RETRIED:
-            self._retries.labels(step.tool, _reason(change)).inc(exemplar=exemplar)
+            self._child(self._retries, step.tool, _reason(change)).inc(exemplar=exemplar)
         if result is not None and result.started_at and result.finished_at:
             ran = max(0.0, (result.finished_at - result.started_at).total_seconds())
-            self._duration.labels(step.tool, outcome).observe(ran, exemplar=exemplar)
+            self._child(self._duration, step.tool, outcome).observe(ran, exemplar=exemplar)
 
     def rate_limited(self, conn: Connection, tools: Iterable[str]) -> None:
         deferred = list(tools)
