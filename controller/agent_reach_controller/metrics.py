@@ -47,7 +47,7 @@ class ControllerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry
         ProcessCollector(registry=r)
         self._depth = Gauge(
@@ -171,7 +171,7 @@ class ControllerMetrics:
         """`metric.labels(*values)`, looked up once: `labels()` validates and locks on every
         call, and the per-step metrics call it three times a step. (Label values are bounded:
         tools of the catalogue, outcomes, reasons.)"""
-        key = (id(metric), values)
+        key = (metric, values)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*values)

@@ -85,7 +85,8 @@ class Waiter:
 
 
 def governed(tool: ToolSpec) -> bool:
-    """Whether leasing a step of this tool reads more than the queue (claims read it first)."""
+    """Whether leasing a step of this tool reads more than the queue: a concurrency cap, a
+    per-key cap, a breaker or a rate limit (claims read those first; nothing is handed off)."""
     return (
         tool.concurrency is not None
         or tool.concurrency_per_key is not None

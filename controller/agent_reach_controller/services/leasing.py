@@ -24,7 +24,7 @@ from agent_reach_controller.decide.outcomes import not_permitted
 from agent_reach_controller.decide.ratelimits import Rate, bucket_key
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.caps import CapService, TenantCapsLookup
-from agent_reach_controller.services.handoff import HandOff, Waiter
+from agent_reach_controller.services.handoff import HandOff, Waiter, governed
 from agent_reach_controller.services.leases import HeartbeatOutcome, LeaseKeeper
 from agent_reach_controller.services.limiter import RateLimiter
 from agent_reach_controller.services.sessions import Session
@@ -253,13 +253,7 @@ class LeasingService:
                 return None
             del self._paused_until[key]
         tools = [t for t in self._registry.catalog.values() if t.connector in connectors]
-        if any(
-            t.concurrency is not None
-            or t.breaker is not None
-            or t.concurrency_per_key is not None
-            or t.rate_limit is not None
-            for t in tools
-        ):
+        if any(governed(t) for t in tools):
             return None
         return [t.name for t in tools]
 

@@ -166,9 +166,7 @@ class NewTask:
                 def learn(found: list[tuple[str, str, int]]) -> None:
                     self.keys.update((wanted[step_id], key) for _, step_id, key in found)
 
-                hot.insert_rows_keyed(
-                    conn, "steps", [self._steps[k] for k in wanted.values()], learn
-                )
+                hot.insert_steps_keyed(conn, [self._steps[k] for k in wanted.values()], learn)
             return
         await conn.execute(tasks.insert().values(**self.task))
         for group in hot.by_columns(rows).values():  # an advance sets some columns on some rows

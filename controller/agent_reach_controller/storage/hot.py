@@ -300,9 +300,8 @@ def insert_rows(conn: Connection, table: str, rows: Sequence[Mapping[str, Any]])
         statement.write(insert_rows_sql(table, columns), {"rows": json_rows(group)})
 
 
-def insert_rows_keyed(
+def insert_steps_keyed(
     conn: Connection,
-    table: str,
     rows: Sequence[Mapping[str, Any]],
     answer: Callable[[list[tuple[str, str, int]]], None],
 ) -> None:
@@ -311,7 +310,7 @@ def insert_rows_keyed(
     statement = commit_statement(conn)
     for columns, group in by_columns(rows).items():
         statement.read(
-            insert_rows_sql(table, columns) + " RETURNING task_id, step_id, id",
+            insert_rows_sql("steps", columns) + " RETURNING task_id, step_id, id",
             {"rows": json_rows(group)},
             value="json_agg(json_build_array(task_id, step_id, id))",
             answer=lambda found: answer([tuple(row) for row in found or ()]),
