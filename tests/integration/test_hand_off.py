@@ -11,7 +11,7 @@ the step is queued instead, the submit still answered once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,21 +30,37 @@ from tests.integration.test_executor_auth import Executor
 PLAN = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {"n": 1}}]}
 
 
-async def _waiting(c: Components, count: int = 1, within: float = 5.0) -> None:
-    """Until `count` polls wait on this replica for steps."""
-    assert c.hand_off is not None
+async def _until(holds: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    """Return once `holds()`; fail the test after `within` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    while c.hand_off.waiting < count:
-        assert loop.time() < deadline, "no poll came to wait"
+    while not holds():
+        assert loop.time() < deadline, what
         await asyncio.sleep(0.005)
 
 
-async def _registered(c: Components, stub: Any, name: str = "waiting") -> Executor:
-    _, token = await c.pools.create(name=name, created_by="test")
+async def _waiting(c: Components, count: int = 1) -> None:
+    """Until `count` polls wait on this replica to be handed steps."""
+    assert c.hand_off is not None
+    hand_off = c.hand_off
+    await _until(lambda: hand_off.waiting >= count, "no poll came to wait")
+
+
+async def _registered(c: Components, stub: Any, name: str = "waiting", **scope: Any) -> Executor:
+    _, token = await c.pools.create(name=name, created_by="test", **scope)
     executor = Executor(stub, token, executor_id=name)
     await executor.register()
     return executor
+
+
+async def _polling(
+    c: Components, stub: Any, *, wait_ms: int, name: str = "waiting", **scope: Any
+) -> tuple[Executor, asyncio.Task[list[Any]]]:
+    """A registered executor whose poll found the queue empty, and its next poll, started
+    (the caller waits for it to be waiting)."""
+    executor = await _registered(c, stub, name=name, **scope)
+    assert await executor.poll(wait_ms=50) == []  # the queue is empty: later polls wait
+    return executor, asyncio.create_task(executor.poll(wait_ms=wait_ms))
 
 
 def _session_of(url: str, executor: str) -> str:
@@ -80,9 +96,7 @@ async def test_a_waiting_poll_is_handed_the_step_in_the_submits_own_transaction(
 ) -> None:
     c, http, stub = plane
     assert c.hand_off is not None
-    executor = await _registered(c, stub)
-    assert await executor.poll(wait_ms=50) == []  # the queue is empty: later polls wait
-    poll = asyncio.create_task(executor.poll(wait_ms=5000))
+    executor, poll = await _polling(c, stub, wait_ms=5000)
     await _waiting(c)
 
     before = _next_xid(postgres_url)
@@ -127,9 +141,7 @@ async def test_a_poller_whose_session_ended_gets_nothing_and_the_step_is_queued(
 ) -> None:
     c, http, stub = plane
     assert c.hand_off is not None
-    executor = await _registered(c, stub)
-    assert await executor.poll(wait_ms=50) == []
-    poll = asyncio.create_task(executor.poll(wait_ms=300))
+    _, poll = await _polling(c, stub, wait_ms=300)
     await _waiting(c)
     # Another replica ends the session (an operator revoked it) behind this one's back.
     with psycopg.connect(postgres_url) as conn:
@@ -157,9 +169,7 @@ async def test_a_paused_tool_is_queued_not_handed_off(
 ) -> None:
     c, http, stub = plane
     assert c.hand_off is not None
-    executor = await _registered(c, stub)
-    assert await executor.poll(wait_ms=50) == []
-    poll = asyncio.create_task(executor.poll(wait_ms=300))
+    _, poll = await _polling(c, stub, wait_ms=300)
     await _waiting(c)
     now = datetime.now(UTC)
     async with c.db.transaction() as conn:  # a 429's Retry-After, learned on another replica
@@ -183,14 +193,9 @@ async def test_a_governed_tool_goes_through_the_queue(postgres_url: str, tmp_pat
         executor_plane(c) as stub,
     ):
         assert c.hand_off is not None
-        executor = await _registered(c, stub)
-        assert await executor.poll(wait_ms=50) == []
-        poll = asyncio.create_task(executor.poll(wait_ms=5000))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while c.notifier.waiting < 1:  # a governed claim never drains: it waits to claim again
-            assert loop.time() < deadline, "no poll came to wait"
-            await asyncio.sleep(0.005)
+        _, poll = await _polling(c, stub, wait_ms=5000)
+        # A governed claim never drains the queue: the poll waits to claim again.
+        await _until(lambda: c.notifier.waiting >= 1, "no poll came to wait")
         assert c.hand_off.waiting == 0
         answer = await http.post("/v1/tasks", json=PLAN)
         assert answer.status_code == 202, answer.text
@@ -243,11 +248,8 @@ async def test_a_poll_waits_for_a_step_promised_by_a_transaction_still_running(
         submit = asyncio.create_task(
             http.post("/v1/tasks", json=PLAN, headers={"Idempotency-Key": "k1"})
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while not c.hand_off.promised:
-            assert loop.time() < deadline, "the submit promised nothing"
-            await asyncio.sleep(0.005)
+        hand_off = c.hand_off
+        await _until(lambda: hand_off.promised > 0, "the submit promised nothing")
         await asyncio.sleep(0.4)  # past the poll's own wait: only the promise holds it now
         assert not poll.done()
         await blocker.rollback()  # the key is free: the submit commits
@@ -269,9 +271,7 @@ async def test_submits_sharing_a_transaction_hand_their_steps_off_together(
     assert c.hand_off is not None
     polls = []
     for name in ("one", "two"):
-        executor = await _registered(c, stub, name=name)
-        assert await executor.poll(wait_ms=50) == []
-        polls.append(asyncio.create_task(executor.poll(wait_ms=3000)))
+        polls.append((await _polling(c, stub, wait_ms=3000, name=name))[1])
     await _waiting(c, count=2)
 
     intake = IntakeService(work=c.work, hand_off=c.hand_off, group_open=1)
@@ -291,3 +291,23 @@ async def test_submits_sharing_a_transaction_hand_their_steps_off_together(
         (step,) = (await c.queries.get(m.task_id)).steps
         assert step.status == "running"
         assert step.lease_owner in owners
+
+
+@pytest.mark.parametrize(
+    "scope", [{"tenant": "another"}, {"tools": ["echo.count"]}], ids=["tenant", "tools"]
+)
+async def test_a_poll_is_never_handed_a_step_outside_its_pools_scope(
+    plane: tuple[Components, Any, Any], scope: dict[str, Any]
+) -> None:
+    """A pool scoped to another tenant, or to other tools, waits on the same connector: the
+    step is not handed to it (nor claimed by it), and a pool that may run it gets it."""
+    c, http, stub = plane
+    assert c.hand_off is not None
+    _, poll = await _polling(c, stub, wait_ms=300, name="scoped", **scope)
+    await _waiting(c)
+    answer = await http.post("/v1/tasks", json=PLAN)
+    assert answer.status_code == 202, answer.text
+    assert c.hand_off.handed == 0
+    assert await poll == []
+    (step,) = await (await _registered(c, stub, name="allowed")).poll(wait_ms=2000)
+    assert step.task_id == answer.json()["task_id"]
