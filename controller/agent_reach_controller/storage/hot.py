@@ -185,14 +185,24 @@ UPDATE tasks SET status = %(status)s, version = %(version)s + 1, updated_at = %(
 WHERE task_id = %(task_id)s AND version = %(version)s
 """
 
+
+def _keys_of(field: str, kind: str) -> str:
+    """The `field` of every row in %(rows)s, as an array. An UPDATE … FROM jsonb_to_recordset
+    also matches its table on this: the planner takes any set-returning function for 100 rows,
+    so a prepared (generic) plan would otherwise hash-join them against a full scan of the
+    table, which grows with it (5 ms a report at 12,000 tasks); `= ANY(array)` uses the key."""
+    return f"ARRAY(SELECT (r->>'{field}')::{kind} FROM jsonb_array_elements(%(rows)s::jsonb) AS r)"
+
+
 # Tasks' statuses at commit, each guarded by the version it was read at; every row must match.
-SET_TASK_STATUSES = """
+SET_TASK_STATUSES = f"""
 UPDATE tasks AS t SET status = v.status, version = t.version + 1, updated_at = v.now,
     finished_at = v.finished_at
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(
     task_id text, version int, status text, now timestamptz, finished_at timestamptz
 )
 WHERE t.task_id = v.task_id AND t.version = v.version
+  AND t.task_id = ANY({_keys_of("task_id", "text")})
 RETURNING %(expected)s::int AS expected
 """
 
@@ -217,10 +227,10 @@ SELECT (SELECT count(*) FROM executor_sessions
 """
 
 # Audit entries chained by the sealer (audit/log.py), from a JSON array, each only if unsealed.
-SEAL_AUDIT_ENTRIES = """
+SEAL_AUDIT_ENTRIES = f"""
 UPDATE audit_log AS a SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seq bigint, prev_hash text, hash text)
-WHERE a.id = v.id AND a.hash IS NULL
+WHERE a.id = v.id AND a.hash IS NULL AND a.id = ANY({_keys_of("id", "bigint")})
 RETURNING a.id
 """
 
@@ -243,6 +253,7 @@ def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
         + " FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seen_status text,"
         " seen_attempt bigint, new_status text" + declared + ")"
         " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
+        f" AND s.id = ANY({_keys_of('id', 'bigint')})"
         " RETURNING s.id, s.attempt"
     )
 
