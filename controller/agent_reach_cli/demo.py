@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +16,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+
+from agent_reach.addresses import split_address
 
 TOOLS_FILE = Path(__file__).parent / "demo_assets" / "tools.yaml"
 ENV_URL = "AGENT_REACH_DEMO_URL"
@@ -88,6 +92,23 @@ class _DemoHandler(BaseHTTPRequestHandler):
                     "evidence": body.get("evidence"),
                 }
             self._send(201 if created else 200, {**self.reminders[key], "created": created})
+
+
+def serve(args: argparse.Namespace) -> int:
+    """`reach demo-service`: the demo downstream on its own, until SIGTERM or SIGINT (compose's
+    `demo` service; the demo tools reach it through AGENT_REACH_DEMO_URL)."""
+    host, port = split_address(args.http)
+    server = ThreadingHTTPServer((host, port), _DemoHandler)
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"demo service listening on {host}:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+    server.server_close()
+    return 0
 
 
 @contextlib.contextmanager

@@ -10,7 +10,9 @@ from typing import Any
 from agent_reach_cli import (
     audit_commands,
     client_commands,
+    demo,
     executor_commands,
+    health,
     key_commands,
     process_commands,
     replay_commands,
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revision", default="head", help="target revision (default head)")
     p.add_argument("--downgrade", action="store_true", help="move down to --revision")
     audit_commands.add_parser(sub)
+    health.add_arguments(add("health", health.check, "exit 0 if a health URL answers 2xx"))
+    p = add("demo-service", demo.serve, "serve the demo's weather and reminder downstream")
+    p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
 
     for name, handler, help_ in (
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
