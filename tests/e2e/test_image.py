@@ -87,6 +87,8 @@ def image() -> Iterator[Path]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".mypy_cache")
     try:
         env = {"PATH": f"{Path(_python()).parent}:{os.environ['PATH']}", "HOME": str(scratch)}
+        # Where this machine's pip finds packages, as a build host's network would serve them.
+        env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
         env.update(_stage_env(BUILD_STAGE))
         for line in BUILD_STAGE.splitlines():
             if line.startswith("COPY "):
