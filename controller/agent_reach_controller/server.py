@@ -120,6 +120,8 @@ async def running_controller(
         # Live event streams end now (their clients resume elsewhere with Last-Event-ID) rather
         # than holding the HTTP server's graceful shutdown open until its timeout.
         await components.feed.close()
+        # So do `?wait=` requests: they answer with the task as it stands (202, Location).
+        await components.queries.close()
         http_server.should_exit = True
         await grpc_server.stop(grace=5)
         with contextlib.suppress(asyncio.CancelledError):

@@ -52,6 +52,13 @@ class TaskQueries:
     def __init__(self, *, db: Database, notifier: Notifier) -> None:
         self._db = db
         self._notifier = notifier
+        self._closing = False
+
+    async def close(self) -> None:
+        """The controller is stopping: every `wait` answers now, with the task as it stands,
+        instead of holding the HTTP server's graceful shutdown open until it is cut."""
+        self._closing = True
+        await self._notifier.nudge()
 
     async def get(self, task_id: str, *, tenant: str | None = None) -> TaskView:
         """The task and its steps; with `tenant`, TaskNotFoundError unless it is that tenant's
@@ -128,7 +135,9 @@ class TaskQueries:
                 if task is None:
                     raise TaskNotFoundError(task_id)
                 remaining = deadline - loop.time()
-                if task.status in TERMINAL_TASK_STATES or remaining <= 0:
+                if task.status in TERMINAL_TASK_STATES or remaining <= 0 or self._closing:
                     return await self.get(task_id)
                 # The cap is a safety net for a missed wake-up, not the normal path.
-                await self._notifier.wait(keys, since, within=min(remaining, 1.0))
+                await self._notifier.wait(
+                    keys, since, within=min(remaining, 1.0), until=lambda: self._closing
+                )
