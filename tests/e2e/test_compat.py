@@ -11,20 +11,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.e2e.processes import Cluster, Proc, all_terminal, api, cluster, wait_until
+from tests.support.releases import PACKAGES, unpack
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-# The last release before executor sessions: executors without tokens, sessions or lease tokens.
-PREVIOUS_RELEASE = "dcd54095d30ec60e544521a243285cd4bc656cba"
-PACKAGES = ("proto", "controller", "executor", "connectors")
 
 TOOLS = {
     "tools": [
@@ -41,15 +38,7 @@ TOOLS = {
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's packages, unpacked from git."""
-    where = tmp_path_factory.mktemp("n-1")
-    archive = where / "release.tar"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "-o", str(archive), PREVIOUS_RELEASE, *PACKAGES],
-        check=True,
-    )
-    with tarfile.open(archive) as tar:
-        tar.extractall(where, filter="data")
-    return where
+    return unpack(tmp_path_factory.mktemp("n-1"), *PACKAGES)
 
 
 def _old_env(release: Path, base: dict[str, str]) -> dict[str, str]:
