@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -40,6 +40,21 @@ def _exemplar(step: StepRow) -> dict[str, str]:
     return {m.TRACE_ID: step.trace_id}
 
 
+class PoolFigures(Protocol):
+    """One pool's share of the work (services/autoscaling.py's PoolDemand)."""
+
+    @property
+    def pool(self) -> str: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def oldest_ready_age_seconds(self) -> float: ...
+    @property
+    def slots_per_executor(self) -> int | None: ...
+
+
 class ControllerMetrics:
     """Every metric one controller exports, in its own registry (several may share a process).
 
@@ -57,6 +72,24 @@ class ControllerMetrics:
             m.QUEUE_OLDEST_READY_AGE,
             "How long the longest-waiting due step has been due (0: none).",
             [m.TOOL],
+            registry=r,
+        )
+        self._pool_depth = Gauge(
+            m.POOL_QUEUE_DEPTH, "Ready steps the pool may take, due or not.", [m.POOL], registry=r
+        )
+        self._pool_running = Gauge(
+            m.POOL_RUNNING, "Steps the pool's executors hold.", [m.POOL], registry=r
+        )
+        self._pool_oldest = Gauge(
+            m.POOL_OLDEST_READY_AGE,
+            "How long the pool's longest-waiting due step has been due (0: none).",
+            [m.POOL],
+            registry=r,
+        )
+        self._pool_slots = Gauge(
+            m.POOL_SLOTS,
+            "Slots of the pool's most recent executor (absent: none has registered).",
+            [m.POOL],
             registry=r,
         )
         self._start = Histogram(
@@ -267,6 +300,17 @@ class ControllerMetrics:
             self._depth.labels(q.tool).set(q.depth)
             age = (now - q.oldest_due).total_seconds() if q.oldest_due is not None else 0.0
             self._oldest.labels(q.tool).set(max(0.0, age))
+
+    def pools(self, pools: Iterable[PoolFigures]) -> None:
+        """Replace the per-pool gauges."""
+        for gauge in (self._pool_depth, self._pool_running, self._pool_oldest, self._pool_slots):
+            gauge.clear()
+        for p in pools:
+            self._pool_depth.labels(p.pool).set(p.queued)
+            self._pool_running.labels(p.pool).set(p.running)
+            self._pool_oldest.labels(p.pool).set(p.oldest_ready_age_seconds)
+            if p.slots_per_executor:
+                self._pool_slots.labels(p.pool).set(p.slots_per_executor)
 
     def breakers(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         """Replace the breaker gauge from `ToolHealth.breaker_states()`."""

@@ -18,6 +18,7 @@ from agent_reach_controller.identity.service import Grants, KeyService
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import sweeps
 from agent_reach_controller.services.admission import AdmissionService
+from agent_reach_controller.services.autoscaling import AutoscalingService
 from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.feed import EventFeed
 from agent_reach_controller.services.handoff import HandOff
@@ -74,6 +75,7 @@ class Components:
     limiter: RateLimiter
     keys: KeyService
     pools: PoolTokenService  # executor pool tokens
+    autoscaling: AutoscalingService  # each pool's share of the work
     sessions: SessionService  # executor sessions
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
@@ -198,6 +200,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         limiter=limiter,
         keys=keys,
         pools=pools,
+        autoscaling=AutoscalingService(db=db, pools=pools, metrics=metrics),
         sessions=sessions,
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
@@ -233,6 +236,13 @@ def sweeps_of(components: Components) -> list[Sweep]:
         Sweep(
             name="queue_depth",
             run=components.admission.refresh_queue_depth,
+            every=every,
+            share=0.1,
+        ),
+        # The same scan, by pool: what autoscalers scale each executor pool on.
+        Sweep(
+            name="pool_demand",
+            run=components.autoscaling.refresh,
             every=every,
             share=0.1,
         ),

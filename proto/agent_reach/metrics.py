@@ -13,6 +13,12 @@ from typing import Final
 # Controller: the queue, computed from the database by every replica's background loop.
 QUEUE_DEPTH: Final = "agent_reach_queue_depth"  # gauge {tool}: ready steps, due or not
 QUEUE_OLDEST_READY_AGE: Final = "agent_reach_queue_oldest_ready_age_seconds"  # gauge {tool}
+# Controller: each executor pool's share of the work, for autoscaling a pool (from zero).
+POOL_QUEUE_DEPTH: Final = "agent_reach_pool_queue_depth"  # gauge {pool}: ready steps it may take
+POOL_RUNNING: Final = "agent_reach_pool_running_steps"  # gauge {pool}: steps its executors hold
+POOL_OLDEST_READY_AGE: Final = "agent_reach_pool_queue_oldest_ready_age_seconds"  # gauge {pool}
+POOL_SLOTS: Final = "agent_reach_pool_executor_slots"  # gauge {pool}: slots of its last executor
+POOL: Final = "pool"
 # Controller: dispatch.
 SCHEDULE_TO_START: Final = "agent_reach_schedule_to_start_seconds"  # histogram {tool}
 STEP_DURATION: Final = "agent_reach_step_duration_seconds"  # histogram {tool, outcome}

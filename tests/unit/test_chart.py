@@ -17,9 +17,12 @@ import kubernetes_validate
 import pytest
 import yaml
 from cloudcoil.models.cert_manager.v1 import Certificate
+from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
 from agent_reach_cli.main import build_parser
+from agent_reach_controller.api.app import create_app
 from agent_reach_controller.identity import policy
+from agent_reach_controller.services.autoscaling import PoolDemand
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.tools.catalog import ToolCatalog
 from agent_reach_executor import ExecutorSettings
@@ -73,16 +76,30 @@ def test_the_chart_lints_strictly_with_every_values_file() -> None:
 def test_every_manifest_is_valid_for_kubernetes(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
     for doc in docs:
-        if doc["apiVersion"] == "cert-manager.io/v1":
+        if doc["apiVersion"] in CRD_MODELS:
             continue
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
-def test_cert_manager_objects_match_its_models() -> None:
+# Objects of CRDs, checked against models generated from the CRDs' schemas (cloudcoil-models-*).
+CRD_MODELS: dict[str, Any] = {"cert-manager.io/v1": Certificate, "keda.sh/v1alpha1": ScaledObject}
+
+
+def test_custom_resources_match_their_crd_models(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = rendered
+    for doc in docs:
+        model = CRD_MODELS.get(doc["apiVersion"])
+        if model is None:
+            continue
+        parsed = model.model_validate(doc)
+        # The models ignore unknown fields: what they read back must be all that was written.
+        assert parsed.model_dump(by_alias=True, exclude_unset=True, mode="json") == doc
+
+
+def test_the_certificate_covers_the_controllers_names() -> None:
     (certificate,) = by_kind(render(VALUES["tls"]), "Certificate")
-    parsed = Certificate.model_validate(certificate)
-    # The models ignore unknown fields: what they read back must be everything that was written.
-    assert parsed.model_dump(by_alias=True, exclude_unset=True, mode="json") == certificate
     (controller,) = [
         d for d in by_kind(render(VALUES["tls"]), "Deployment") if component(d) == "controller"
     ]
@@ -330,3 +347,37 @@ def test_the_readme_describes_every_value() -> None:
     keys = set(_value_keys(yaml.safe_load((CHART / "values.yaml").read_text())))
     assert keys - rows == set(), "values without a README row"
     assert rows - keys == set(), "README rows for values that do not exist"
+
+
+def test_keda_scales_each_pool_on_what_the_rules_and_the_controller_define() -> None:
+    docs = render(VALUES["keda"])
+    scaled = {d["spec"]["scaleTargetRef"]["name"]: d["spec"] for d in by_kind(docs, "ScaledObject")}
+    deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    assert set(scaled) == {"reach-agent-reach-executor-general", "reach-agent-reach-executor-batch"}
+    for name in scaled:
+        assert "replicas" not in deployments[name]["spec"], "KEDA owns the replica count"
+    general = scaled["reach-agent-reach-executor-general"]
+    assert general["minReplicaCount"] == 0  # from zero
+    (trigger,) = general["triggers"]
+    assert trigger["type"] == "prometheus"
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "autoscaling.yml").read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"]}
+    rule = trigger["metadata"]["query"].split("(", 1)[1].split("{", 1)[0]
+    assert rule in recorded
+    assert 'pool="general"' in trigger["metadata"]["query"]
+    (api_trigger,) = scaled["reach-agent-reach-executor-batch"]["triggers"]
+    assert api_trigger["type"] == "metrics-api"
+    url = api_trigger["metadata"]["url"]
+    (service,) = [
+        s
+        for s in by_kind(docs, "Service")
+        if s["metadata"]["name"] == "reach-agent-reach-controller"
+    ]
+    http = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    assert url == f"http://reach-agent-reach-controller.agents.svc:{http}/metrics/pools/batch"
+    app = create_app(None)  # type: ignore[arg-type]
+    assert app.url_path_for("pool_demand", pool="batch") == "/metrics/pools/batch"
+    answer = PoolDemand(
+        pool="batch", queued=1, running=0, oldest_ready_age_seconds=0.0, slots_per_executor=None
+    ).to_json()
+    assert api_trigger["metadata"]["valueLocation"] in answer

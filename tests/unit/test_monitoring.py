@@ -65,7 +65,7 @@ def test_the_alert_rules_pass_their_unit_tests(promtool: str) -> None:
 
 
 def test_the_autoscaling_rules_are_valid_and_compute_what_they_say(promtool: str) -> None:
-    assert "SUCCESS: 4 rules found" in promtool_ok(promtool, "check", "rules", str(AUTOSCALING))
+    assert "SUCCESS: 7 rules found" in promtool_ok(promtool, "check", "rules", str(AUTOSCALING))
     promtool_ok(promtool, "test", "rules", str(PROMETHEUS / "autoscaling_test.yml"))
 
 

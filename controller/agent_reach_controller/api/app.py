@@ -73,6 +73,24 @@ async def metrics(request: Request, deps: Deps) -> Response:
     return Response(body, headers={"Content-Type": content_type})
 
 
+@meta.get("/metrics/pools/{pool}", include_in_schema=False)
+async def pool_demand(pool: str, deps: Deps) -> Response:
+    """One executor pool's share of the work, for autoscalers that read JSON (KEDA's metrics-api
+    trigger): no key, like /metrics, so an autoscaler never holds a credential."""
+    try:
+        found = await deps.autoscaling.demand(pool)
+    except DATABASE_ERRORS:
+        return storage_unavailable()
+    if found is None:
+        return problem_response(
+            404,
+            code="not_found",
+            title="No such pool",
+            detail=f"no executor token or session names the pool {pool!r}",
+        )
+    return JSONResponse(found.to_json())
+
+
 def storage_unavailable() -> Response:
     """503 with Retry-After: the caller should come back, nothing was lost or half-done."""
     return problem_response(
