@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from agent_reach_controller.planning.plan import parse_plan
@@ -19,7 +20,8 @@ FLAKY = {
         "failure_rate": 0.5,
         "minimum_calls": 2,
         "window": "60s",
-        "cooldown": "300ms",
+        # Long enough that the claims right after it opens all fall inside it on a busy machine.
+        "cooldown": "2s",
         "probes": 1,
     },
 }
@@ -38,6 +40,7 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
         first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2)
         flaky = [s for s in first if s.tool == "flaky.call"]
         assert len(flaky) == 2
+        opened = time.monotonic()  # at the latest, the breaker opens in the report below
         await c.reporting.report(
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in flaky],
@@ -46,8 +49,12 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
         # Open: the other tool still runs, the flaky one waits (deferred, not failed).
         during = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert [s.tool for s in during] == ["echo.say"]
-        await asyncio.sleep(0.35)  # the cooldown itself is what is under test
-        [probe] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
+        # Nothing more until the cooldown has passed; then one probe.
+        while not (leased := await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)):
+            assert time.monotonic() - opened < 20, "no probe after the cooldown"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - opened >= 2.0
+        [probe] = leased
         assert probe.tool == "flaky.call"
         assert (await c.tool_health.breaker_states())["flaky.call"]["state"] == "half_open"
         assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
