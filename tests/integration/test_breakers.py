@@ -40,7 +40,7 @@ async def test_open_breaker_defers_probes_and_closes(database_url: str, tmp_path
         first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2)
         flaky = [s for s in first if s.tool == "flaky.call"]
         assert len(flaky) == 2
-        opened = time.monotonic()  # at the latest, the breaker opens in the report below
+        opened = time.monotonic()  # the breaker opens after this, in the report below
         await c.reporting.report(
             executor_id="x",
             results=[failed(s, "downstream_unavailable", retryable=True) for s in flaky],
