@@ -81,6 +81,9 @@ class Components:
     feed: EventFeed  # live followers of task event logs (SSE)
     webhook: ApprovalWebhook | None = None
     hand_off: HandOff | None = None  # new steps straight to waiting pollers (Postgres)
+    # Told to stop: /readyz answers 503 so that load balancers stop sending, while requests
+    # already sent are still served (settings.shutdown_delay).
+    stopping: bool = False
 
     @property
     def catalog(self) -> ToolCatalog:

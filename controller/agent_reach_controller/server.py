@@ -116,7 +116,17 @@ async def running_controller(
         async with background(components):
             yield components, bound
     finally:
+        # Not ready from now on (HTTP and gRPC health), still serving for shutdown_delay: what
+        # routes here (a Service's endpoints, a load balancer) moves away before the listeners go.
+        components.stopping = True
         await health.enter_graceful_shutdown()
+        if settings.shutdown_delay:
+            log.info(
+                "stopping: not ready, serving %.1fs more",
+                settings.shutdown_delay,
+                extra={"event": "controller_stopping"},
+            )
+            await asyncio.sleep(settings.shutdown_delay)
         # Live event streams end now (their clients resume elsewhere with Last-Event-ID) rather
         # than holding the HTTP server's graceful shutdown open until its timeout.
         await components.feed.close()

@@ -62,6 +62,14 @@ class ControllerSettings(BaseSettings):
     max_poll_wait_seconds: float = Field(20.0, gt=0)
     reap_interval_seconds: float = Field(1.0, gt=0)
     max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
+    shutdown_delay: float = Field(
+        0.0,
+        ge=0,
+        le=300,
+        description="Seconds to keep serving after SIGTERM with /readyz (and gRPC health) saying "
+        "not ready, so load balancers and Kubernetes endpoints stop sending before the listeners "
+        "close (a few seconds behind a load balancer; 0 for a process of its own)",
+    )
     max_event_streams: int = Field(
         100, ge=1, description="Live event streams (SSE) one replica serves at once; more get 429"
     )

@@ -50,3 +50,30 @@ def test_a_waiting_submit_is_answered_when_the_controller_stops(
     assert answer.json()["status"] == "pending"
     assert answer.headers["Location"].startswith("/v1/tasks/")
     assert "Exception in ASGI application" not in controller.output()
+
+
+def test_a_stopping_controller_says_not_ready_and_still_serves_for_its_delay(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - {name: echo.say, description: Echo, connector: echo,"
+        " input_schema: {type: object}, risk: read, idempotent: true}\n"
+    )
+    with cluster(tmp_path, {"AGENT_REACH_CONTROLLER_SHUTDOWN_DELAY": "4"}) as c:
+        controller = c.controller("ctl", database_url=postgres_url, tools=tools)
+        with api(controller) as client:
+            assert client.get("/readyz").status_code == 200
+            controller.popen.send_signal(signal.SIGTERM)
+            not_ready = wait_until(
+                lambda: (r := client.get("/readyz")).status_code == 503 and r,
+                within=10,
+                what="/readyz to say not ready",
+            )
+            assert not_ready.json()["code"] == "shutting_down"
+            assert not_ready.headers["Retry-After"]
+            # Still serving what is sent to it meanwhile, and still alive.
+            assert client.get("/healthz").status_code == 200
+            assert client.get("/v1/tasks").status_code == 200
+        assert controller.popen.wait(30) == 0
+    assert "controller_stopping" in controller.output()

@@ -381,3 +381,17 @@ def test_keda_scales_each_pool_on_what_the_rules_and_the_controller_define() -> 
         pool="batch", queued=1, running=0, oldest_ready_age_seconds=0.0, slots_per_executor=None
     ).to_json()
     assert api_trigger["metadata"]["valueLocation"] in answer
+
+
+def test_controllers_stop_within_their_grace() -> None:
+    docs = render(VALUES["production"])
+    (controller,) = [d for d in by_kind(docs, "Deployment") if component(d) == "controller"]
+    spec = controller["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    delay = float(env["AGENT_REACH_CONTROLLER_SHUTDOWN_DELAY"])
+    # Not ready for the delay, then up to 5 s for HTTP requests and 5 s for gRPC calls.
+    assert spec["terminationGracePeriodSeconds"] > delay + 10
+    short = copy.deepcopy(VALUES["minimal"])
+    short["controller"] = {"shutdownDelaySeconds": 25, "terminationGracePeriodSeconds": 30}
+    with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds must exceed"):
+        render(short)

@@ -59,6 +59,14 @@ async def healthz() -> dict[str, str | int]:
 
 @meta.get("/readyz", summary="Readiness: storage answers", responses=problem_responses(503))
 async def readyz(deps: Deps) -> Response:
+    if deps.stopping:
+        return problem_response(
+            503,
+            code="shutting_down",
+            title="This controller is stopping",
+            detail="it still serves what was sent, but sends nothing new here; use another replica",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     try:
         await deps.db.ping()
     except DATABASE_ERRORS:
