@@ -18,6 +18,7 @@ import pytest
 import yaml
 from cloudcoil.models.cert_manager.v1 import Certificate
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from cloudcoil.models.prometheus_operator import v1 as monitoring
 
 from agent_reach_cli.main import build_parser
 from agent_reach_controller.api.app import create_app
@@ -76,13 +77,19 @@ def test_the_chart_lints_strictly_with_every_values_file() -> None:
 def test_every_manifest_is_valid_for_kubernetes(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
     for doc in docs:
-        if doc["apiVersion"] in CRD_MODELS:
+        if (doc["apiVersion"], doc["kind"]) in CRD_MODELS:
             continue
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
 
 
 # Objects of CRDs, checked against models generated from the CRDs' schemas (cloudcoil-models-*).
-CRD_MODELS: dict[str, Any] = {"cert-manager.io/v1": Certificate, "keda.sh/v1alpha1": ScaledObject}
+CRD_MODELS: dict[tuple[str, str], Any] = {
+    ("cert-manager.io/v1", "Certificate"): Certificate,
+    ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring.ServiceMonitor,
+    ("monitoring.coreos.com/v1", "PodMonitor"): monitoring.PodMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): monitoring.PrometheusRule,
+}
 
 
 def test_custom_resources_match_their_crd_models(
@@ -90,7 +97,7 @@ def test_custom_resources_match_their_crd_models(
 ) -> None:
     _, docs = rendered
     for doc in docs:
-        model = CRD_MODELS.get(doc["apiVersion"])
+        model = CRD_MODELS.get((doc["apiVersion"], doc["kind"]))
         if model is None:
             continue
         parsed = model.model_validate(doc)
@@ -395,3 +402,32 @@ def test_controllers_stop_within_their_grace() -> None:
     short["controller"] = {"shutdownDelaySeconds": 25, "terminationGracePeriodSeconds": 30}
     with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds must exceed"):
         render(short)
+
+
+def test_prometheus_finds_every_replica_and_gets_the_rules_the_repository_tests() -> None:
+    docs = render(VALUES["production"])
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    (service,) = [
+        s
+        for s in by_kind(docs, "Service")
+        if s["metadata"]["name"] == "reach-agent-reach-controller"
+    ]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    (pod_monitor,) = by_kind(docs, "PodMonitor")
+    executors = [w for w, _ in pods(docs) if component(w) == "executor"]
+    for executor in executors:
+        labels = executor["spec"]["template"]["metadata"]["labels"]
+        assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ports = executor["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in ports}
+    (rule,) = by_kind(docs, "PrometheusRule")
+    shipped = [
+        group
+        for name in ("alerts.yml", "autoscaling.yml")
+        for group in yaml.safe_load((ROOT / "deploy" / "prometheus" / name).read_text())["groups"]
+    ]
+    assert rule["spec"]["groups"] == shipped
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
