@@ -244,3 +244,19 @@ def test_the_image_runs_unprivileged_without_writing() -> None:
     assert "tzdata" in final_stage
     assert 'CMD ["python", "-m", "agent_reach_cli.health"]' in final_stage
     assert 'ENTRYPOINT ["reach"]' in final_stage
+
+
+def test_the_operators_guide_covers_every_alert_and_its_commands_exist() -> None:
+    guide = (DEPLOY / "OPERATIONS.md").read_text()
+    alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    names = [rule["alert"] for group in alerts["groups"] for rule in group["rules"]]
+    headings = re.findall(r"^### (\w+)$", guide, re.M)
+    assert headings == names, "one section per alert, in the rules' order"
+    commands = re.findall(r"`(reach [a-z-]+(?: [a-z-]+)?)", guide)
+    assert commands
+    parser = build_parser()
+    for command in commands:
+        words = command.split()[1:]
+        with pytest.raises(SystemExit) as shown:
+            parser.parse_args([*words, "--help"])
+        assert shown.value.code == 0, command
