@@ -107,6 +107,17 @@ _FAIR = """
 """
 FAIR_ORDER = f"WITH RECURSIVE owners(p) AS ({_OWNERS}){_FAIR}"
 
+
+def _columns(table: sa.Table, alias: str = "") -> str:
+    """The table's columns by name, never `*`: a prepared statement whose result would grow
+    when a newer release's migration adds a column fails ("cached plan must not change result
+    type") in every process still running the older code; named columns keep their plans."""
+    return ", ".join(f"{alias}{c.name}" for c in table.c)
+
+
+STEP_COLUMNS, TASK_COLUMNS = _columns(schema.steps), _columns(schema.tasks)
+
+
 # The ungoverned claim in one statement: the fair order, the rows still queued locked (rows
 # another claimer holds are skipped; MATERIALIZED, or the planner may evaluate the locking
 # subquery twice and lease rows it did not lock), and the lease, taken only while the holder's
@@ -127,7 +138,7 @@ WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATER
     WHERE steps.id = ANY(ARRAY(SELECT step_key FROM picked)) AND steps.status = 'ready'
       AND (NOT %(session)s OR EXISTS (
           SELECT 1 FROM executor_sessions WHERE id = %(owner)s AND ended_at IS NULL))
-    RETURNING steps.*
+    RETURNING {leased_columns}
 ), started AS (
     -- pending -> running for the tasks of the leased steps; rows an advance holds are skipped
     UPDATE tasks SET status = 'running', version = version + 1, updated_at = %(now)s
@@ -161,11 +172,15 @@ LEFT JOIN leased ON true
 LEFT JOIN picked ON picked.step_key = leased.id
 LEFT JOIN started ON started.task_id = leased.task_id
 """
-CLAIM_READY = _CLAIM.format(owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="")
+_LEASED = _columns(schema.steps, "steps.")
+CLAIM_READY = _CLAIM.format(
+    owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="", leased_columns=_LEASED
+)
 # The same claim when the claimer's catalogue is assumed current and its tools unpaused: it
 # leases nothing unless the catalogue is still at %(revision)s and none of %(tools)s is paused,
 # and says which (`fresh`), so the claimer needs no read of its own before it.
 CLAIM_READY_GUARDED = _CLAIM.format(
+    leased_columns=_LEASED,
     owners=_OWNERS,
     fair=_FAIR,
     guard="""
@@ -511,14 +526,14 @@ async def claim_ready(
 
 
 # Reads of the report and claim paths: whole rows by key, and what an advance needs.
-STEPS_BY_KEY = "SELECT * FROM steps WHERE id = ANY(%(keys)s::bigint[])"
-TASKS_BY_ID = "SELECT * FROM tasks WHERE task_id = ANY(%(ids)s::text[])"
-BLOCKED_STEPS = """
-SELECT * FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
+STEPS_BY_KEY = f"SELECT {STEP_COLUMNS} FROM steps WHERE id = ANY(%(keys)s::bigint[])"
+TASKS_BY_ID = f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = ANY(%(ids)s::text[])"
+BLOCKED_STEPS = f"""
+SELECT {STEP_COLUMNS} FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
 ORDER BY task_id, position
 """
-STEPS_BY_NAME = """
-SELECT s.* FROM steps AS s
+STEPS_BY_NAME = f"""
+SELECT {_columns(schema.steps, "s.")} FROM steps AS s
 JOIN unnest(%(task_ids)s::text[], %(step_ids)s::text[]) AS n(task_id, step_id)
   ON s.task_id = n.task_id AND s.step_id = n.step_id
 """
@@ -531,8 +546,8 @@ LOCK_TASKS = (
     "SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id FOR UPDATE"
 )
 # The tasks of these steps, locked in id order and read whole by the same statement.
-LOCK_TASK_ROWS_OF_STEPS = """
-SELECT * FROM tasks
+LOCK_TASK_ROWS_OF_STEPS = f"""
+SELECT {TASK_COLUMNS} FROM tasks
 WHERE task_id = ANY(ARRAY(SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[])))
 ORDER BY task_id FOR UPDATE
 """
@@ -557,11 +572,13 @@ async def tuples(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[
 
 
 # The steps an advance needs: the blocked ones and those they depend on, in task order.
-ADVANCEABLE_STEPS = """
-WITH b AS (SELECT * FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked')
+ADVANCEABLE_STEPS = f"""
+WITH b AS (
+    SELECT {STEP_COLUMNS} FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
+)
 SELECT * FROM b
 UNION ALL
-SELECT s.* FROM steps AS s
+SELECT {_columns(schema.steps, "s.")} FROM steps AS s
 WHERE (s.task_id, s.step_id) IN (
     SELECT b.task_id, d.step_id FROM b, jsonb_array_elements_text(b.depends_on) AS d(step_id)
 ) AND s.status <> 'blocked'
