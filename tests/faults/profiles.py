@@ -102,6 +102,17 @@ class Overload:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RollingRestart:
+    clients: int = 3
+    keys: int = 240
+    steps_per_task: int = 2
+    executors: int = 3
+    pause_s: float = 1.5  # between one component's restart and the next
+    shutdown_delay_s: float = 1.0  # controllers: not ready, still serving, before closing
+    recovery_bound_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     name: str
     timeout_s: float  # per scenario, the hard pytest timeout
@@ -113,6 +124,7 @@ class Profile:
     downstream: Downstream
     breaker: Breaker
     overload: Overload
+    rolling: RollingRestart
 
 
 CI = Profile(
@@ -126,6 +138,7 @@ CI = Profile(
     downstream=Downstream(),
     breaker=Breaker(),
     overload=Overload(),
+    rolling=RollingRestart(),
 )
 
 LONG = Profile(
@@ -139,6 +152,7 @@ LONG = Profile(
     downstream=Downstream(repeat=4),
     breaker=Breaker(steps=200),
     overload=Overload(load_s=40.0, max_submits=5_000, rss_growth_bound_mib=200.0),
+    rolling=RollingRestart(keys=1_500),
 )
 
 PROFILES = {p.name: p for p in (CI, LONG)}
