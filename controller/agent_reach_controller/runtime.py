@@ -35,6 +35,7 @@ from agent_reach_controller.services.operator import OperatorService
 from agent_reach_controller.services.queries import TaskQueries
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.reporting import ReportingService
+from agent_reach_controller.services.retention import RetentionService
 from agent_reach_controller.services.sessions import SessionService
 from agent_reach_controller.services.sweeps import Supervision, Sweep
 from agent_reach_controller.services.tool_health import ToolHealth
@@ -76,6 +77,7 @@ class Components:
     keys: KeyService
     pools: PoolTokenService  # executor pool tokens
     autoscaling: AutoscalingService  # each pool's share of the work
+    retention: RetentionService  # what finished long ago is deleted
     sessions: SessionService  # executor sessions
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
@@ -204,6 +206,9 @@ async def open_components(settings: ControllerSettings) -> Components:
         keys=keys,
         pools=pools,
         autoscaling=AutoscalingService(db=db, pools=pools, metrics=metrics),
+        retention=RetentionService(
+            db=db, days=settings.retention_days, batch=settings.retention_batch
+        ),
         sessions=sessions,
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
@@ -250,6 +255,12 @@ def sweeps_of(components: Components) -> list[Sweep]:
             share=0.1,
         ),
         Sweep(name="session_prune", run=prune_sessions, every=600.0),
+        # Deletes in small batches; a minute apart is plenty for anything kept for days.
+        *(
+            [Sweep(name="retention", run=components.retention.prune, every=60.0)]
+            if components.retention.enabled
+            else []
+        ),
     ]
 
 

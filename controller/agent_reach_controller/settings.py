@@ -62,6 +62,16 @@ class ControllerSettings(BaseSettings):
     max_poll_wait_seconds: float = Field(20.0, gt=0)
     reap_interval_seconds: float = Field(1.0, gt=0)
     max_wait_seconds: float = Field(300.0, gt=0, description="Longest ?wait on submit")
+    retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="Delete finished tasks (with their steps, events, charges and idempotency "
+        "keys) and done webhook deliveries this many days after they finished; 0 keeps "
+        "everything. The audit log is kept whole.",
+    )
+    retention_batch: int = Field(
+        500, ge=1, le=10_000, description="Tasks deleted per retention transaction"
+    )
     shutdown_delay: float = Field(
         0.0,
         ge=0,

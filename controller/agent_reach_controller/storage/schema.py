@@ -120,6 +120,13 @@ tasks = sa.Table(
     sa.Column("output_tokens", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
+    # The retention sweep's index: finished tasks, oldest first (0020).
+    sa.Index(
+        "ix_tasks_finished_at",
+        "finished_at",
+        postgresql_where=sa.text("finished_at IS NOT NULL"),
+        sqlite_where=sa.text("finished_at IS NOT NULL"),
+    ),
     # The deadline sweep's index: only unfinished tasks that have a deadline.
     sa.Index(
         "ix_tasks_open_deadline",
@@ -305,6 +312,8 @@ idempotency_keys = sa.Table(
     sa.Column("request_hash", sa.String(64), nullable=False),
     sa.Column("task_id", sa.String(36), nullable=False),
     _now_column("created_at"),
+    # A pruned task takes its keys with it (0020).
+    sa.Index("ix_idempotency_keys_task_id", "task_id"),
 )
 
 # Append-only, hash-chained audit log (`audit/`): rows are inserted unsealed (seq, prev_hash, hash
