@@ -207,7 +207,10 @@ async def open_components(settings: ControllerSettings) -> Components:
         pools=pools,
         autoscaling=AutoscalingService(db=db, pools=pools, metrics=metrics),
         retention=RetentionService(
-            db=db, days=settings.retention_days, batch=settings.retention_batch
+            db=db,
+            days=settings.retention_days,
+            audit_days=settings.audit_retention_days,
+            batch=settings.retention_batch,
         ),
         sessions=sessions,
         policy=policy,

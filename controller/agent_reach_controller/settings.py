@@ -69,6 +69,12 @@ class ControllerSettings(BaseSettings):
         "keys) and done webhook deliveries this many days after they finished; 0 keeps "
         "everything. The audit log is kept whole.",
     )
+    audit_retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="Remove sealed audit entries this many days old, behind a checkpoint the "
+        "chain is verified from; 0 keeps the whole log",
+    )
     retention_batch: int = Field(
         500, ge=1, le=10_000, description="Tasks deleted per retention transaction"
     )

@@ -207,6 +207,7 @@ async def test_the_app_role_needs_only_column_update_rights(postgres_url: str) -
         admin.execute(f"GRANT SELECT, INSERT ON audit_log TO {role}")
         admin.execute(f"GRANT UPDATE (seq, prev_hash, hash) ON audit_log TO {role}")
         admin.execute(f"GRANT USAGE ON SEQUENCE audit_log_id_seq TO {role}")
+        admin.execute(f"GRANT SELECT ON audit_checkpoints TO {role}")
     app = Database(str(make_url(postgres_url).set(username=role)))
     try:
         await append(app, 3)

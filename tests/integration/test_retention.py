@@ -10,13 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 import sqlalchemy as sa
 
 from agent_reach_controller.audit import log as audit_log
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput
-from agent_reach_controller.storage.schema import events, idempotency_keys, steps, tasks
+from agent_reach_controller.storage.schema import (
+    audit_checkpoints,
+    events,
+    idempotency_keys,
+    steps,
+    tasks,
+)
+from agent_reach_controller.storage.schema import audit_log as audit_log_table
 from tests.integration.stack import components_for, ok, write_tools
 
 TABLES = ("tasks", "steps", "events", "idempotency_keys")
@@ -108,3 +116,62 @@ async def test_the_database_shrinks_back_after_a_run_is_pruned(
         after = _size_after_vacuum(postgres_url)
     assert grown > before + 100_000  # the run took room...
     assert after <= before + 16 * 8192  # ...and gave it back, up to a few index pages
+
+
+async def _entries(c: Components, times: list[datetime]) -> None:
+    async with c.db.transaction() as conn:
+        for n, at in enumerate(times):
+            await audit_log.record(
+                conn, actor="op", tenant=None, action="test.entry", target=f"t:{n}", now=at
+            )
+
+
+async def test_old_audit_entries_go_behind_a_checkpoint_the_chain_verifies_from(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path), audit_retention_days=30) as c:
+        # Entries in the order time made them: what the controller recorded at start, six more
+        # now, then four in 40 days; retention runs 42 days from now, keeping 30.
+        now = datetime.now(UTC)
+        later = now + timedelta(days=40)
+        await _entries(c, [now] * 6)
+        old = await audit_log.seal(c.db, now=now + timedelta(seconds=5))
+        await _entries(c, [later + timedelta(minutes=n) for n in range(4)])
+        assert await audit_log.seal(c.db, now=later + timedelta(hours=1)) == 4
+        assert old >= 6
+
+        pruned = await c.retention.prune(now=now + timedelta(days=42))
+
+        assert pruned == {"audit_log": old}
+        report = await audit_log.verify(c.db)
+        assert report.ok, report.lines()
+        assert (report.start_seq, report.checked, report.head_seq) == (old, 4, old + 4)
+        assert f"from the checkpoint at seq {old}" in "\n".join(report.lines())
+        # What is past the checkpoint stays undeletable; the sealer goes on from the chain head.
+        async with c.db.transaction() as conn:
+            with pytest.raises(sa.exc.DBAPIError):
+                async with conn.begin_nested():
+                    await conn.execute(
+                        sa.delete(audit_log_table).where(audit_log_table.c.seq == old + 2)
+                    )
+        await _entries(c, [later + timedelta(hours=2)])
+        assert await audit_log.seal(c.db, now=later + timedelta(hours=3)) == 1
+        assert (await audit_log.verify(c.db)).head_seq == old + 5
+
+
+async def test_a_forged_checkpoint_breaks_the_chain(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        now = datetime.now(UTC)
+        await _entries(c, [now] * 6)
+        head = await audit_log.seal(c.db, now=now + timedelta(seconds=5))
+        # Someone with write access removes the first entries behind a checkpoint of their own.
+        async with c.db.transaction() as conn:
+            await conn.execute(
+                sa.insert(audit_checkpoints).values(
+                    seq=head - 2, hash="0" * 64, entries=head - 2, created_at=now
+                )
+            )
+            await conn.execute(sa.delete(audit_log_table).where(audit_log_table.c.seq <= head - 2))
+        report = await audit_log.verify(c.db)
+        assert report.problem is not None
+        assert report.problem.kind == "prev_hash_mismatch"

@@ -142,11 +142,23 @@ async def seal(
         return len(sealed)
 
 
+async def prune(db: Database, *, before: datetime, limit: int = 10_000) -> tuple[int, int]:
+    """Retention: remove up to `limit` of the oldest sealed entries made before `before`, behind
+    a checkpoint (seq, hash) that verification starts from. One replica at a time (the sealer's
+    lock); returns (checkpoint seq, entries removed), (0, 0) when nothing was due or another
+    replica holds the lock."""
+    async with db.transaction() as conn:
+        if not await store.try_seal_lock(conn, SEAL_LOCK):
+            return 0, 0
+        return await store.prune_before(conn, before=before, limit=limit, now=datetime.now(UTC))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyReport:
     """What `verify` found: counts, the chain head, and the first problem (None: intact)."""
 
     checked: int  # sealed rows whose link and hash were checked before any problem
+    start_seq: int  # the chain starts after this seq (a retention checkpoint; 0: from genesis)
     sealed: int
     pending: int  # rows not sealed yet
     head_seq: int
@@ -160,7 +172,8 @@ class VerifyReport:
     def lines(self) -> list[str]:
         out = [
             f"audit log: {self.sealed} sealed, {self.pending} pending (not sealed yet)",
-            f"checked: {self.checked} of {self.sealed} sealed rows",
+            f"checked: {self.checked} of {self.sealed} sealed rows"
+            + (f", from the checkpoint at seq {self.start_seq}" if self.start_seq else ""),
             f"head: seq {self.head_seq}, hash {self.head_hash}",
         ]
         if self.problem is None:
@@ -209,6 +222,10 @@ async def verify(db: Database, *, anchor: tuple[int, str] | None = None) -> Veri
     """
     checker = ChainChecker()
     async with store.snapshot(db) as conn:
+        # Retention removed the entries up to a checkpoint: the chain goes on from its hash.
+        checkpoint = await store.latest_checkpoint(conn)
+        if checkpoint is not None:
+            checker.head_seq, checker.head_hash = checkpoint
         sealed = await store.count_sealed(conn)
         pending = await store.count_pending(conn)
         await _walk(conn, checker, anchor)
@@ -222,6 +239,7 @@ async def verify(db: Database, *, anchor: tuple[int, str] | None = None) -> Veri
         if checker.problem is None:
             checker.problem = await _stray_seal(conn)
     return VerifyReport(
+        start_seq=checkpoint[0] if checkpoint is not None else 0,
         checked=checker.checked,
         sealed=sealed,
         pending=pending,

@@ -1,7 +1,8 @@
 """SQL of the hash-chained audit log (`audit/log.py` is the use case).
 
 Rows are inserted unsealed; sealing sets `seq`, `prev_hash` and `hash`, which the caller
-computes (`audit/chain.py`). Triggers refuse every DELETE and every UPDATE but that sealing.
+computes (`audit/chain.py`). Triggers refuse every UPDATE but that sealing, and every DELETE but
+retention's of sealed rows up to a checkpoint (`audit_checkpoints`) written first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agent_reach_controller.storage.engine import (
     Database,
     before_commit,
 )
-from agent_reach_controller.storage.schema import audit_log
+from agent_reach_controller.storage.schema import audit_checkpoints, audit_log
 
 # A Postgres transaction's entries, written when it commits.
 _PENDING = f"{TX_STATE_PREFIX}audit"
@@ -128,7 +129,8 @@ async def unsealed_entries(conn: Connection, *, cutoff: datetime, limit: int) ->
 
 
 async def chain_head(conn: Connection) -> tuple[int, str | None] | None:
-    """The (seq, hash) of the sealed entry with the highest seq; None when nothing is sealed."""
+    """The (seq, hash) of the sealed entry with the highest seq, else of the newest checkpoint
+    (retention removed every sealed entry); None when nothing was ever sealed."""
     row = (
         await conn.execute(
             sa.select(audit_log.c.seq, audit_log.c.hash)
@@ -138,8 +140,50 @@ async def chain_head(conn: Connection) -> tuple[int, str | None] | None:
         )
     ).first()
     if row is None:
-        return None
+        return await latest_checkpoint(conn)
     return int(row.seq), row.hash
+
+
+async def latest_checkpoint(conn: Connection) -> tuple[int, str] | None:
+    """The (seq, hash) the chain now starts after; None when retention removed nothing yet."""
+    row = (
+        await conn.execute(
+            sa.select(audit_checkpoints.c.seq, audit_checkpoints.c.hash)
+            .order_by(audit_checkpoints.c.seq.desc())
+            .limit(1)
+        )
+    ).first()
+    return (int(row.seq), row.hash) if row is not None else None
+
+
+async def prune_before(
+    conn: Connection, *, before: datetime, limit: int, now: datetime
+) -> tuple[int, int]:
+    """Remove up to `limit` of the oldest sealed entries, stopping at the first one made at or
+    after `before`: a checkpoint at the last one removed first, then the rows (the triggers let
+    only those through). Returns (checkpoint seq, rows removed); (0, 0) when none is due."""
+    start = (await latest_checkpoint(conn) or (0, ""))[0]
+    first_young = await conn.scalar(
+        sa.select(sa.func.min(audit_log.c.seq)).where(
+            audit_log.c.seq > start, audit_log.c.at >= before
+        )
+    )
+    head = await conn.scalar(sa.select(sa.func.max(audit_log.c.seq)))
+    if head is None or head <= start:
+        return 0, 0
+    cut = min(int(head), start + limit, int(first_young) - 1 if first_young is not None else head)
+    if cut <= start:
+        return 0, 0
+    cut_hash = await conn.scalar(sa.select(audit_log.c.hash).where(audit_log.c.seq == cut))
+    await conn.execute(
+        sa.insert(audit_checkpoints).values(
+            seq=cut, hash=cut_hash, entries=cut - start, created_at=now
+        )
+    )
+    removed = await conn.execute(
+        sa.delete(audit_log).where(audit_log.c.seq.is_not(None), audit_log.c.seq <= cut)
+    )
+    return cut, removed.rowcount or 0
 
 
 async def seal_entries(conn: Connection, seals: Sequence[Seal]) -> int:

@@ -340,6 +340,18 @@ audit_log = sa.Table(
     ),
 )
 
+# Where the audit chain now starts: the seq and hash of the last entry retention removed (0021).
+# Rows up to the newest checkpoint's seq are the only ones the audit_log triggers let be deleted;
+# verification starts from it as from a genesis.
+audit_checkpoints = sa.Table(
+    "audit_checkpoints",
+    metadata,
+    sa.Column("seq", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Column("entries", sa.BigInteger(), nullable=False),  # rows removed with this checkpoint
+    _now_column("created_at"),
+)
+
 # Blast-radius caps (`state/caps.py`): one counter per (scope, effect class). `bucket` 0 is the
 # running total, and the row every charge locks; a tenant's window also has one row per bucket
 # of a sixtieth of the window (`bucket` = its start in Unix seconds), summed over the window.
