@@ -114,8 +114,11 @@ async def test_the_database_shrinks_back_after_a_run_is_pruned(
         await _backdate(c, ran, datetime.now(UTC) - timedelta(days=2))
         assert (await c.retention.prune())["tasks"] == len(ran)
         after = _size_after_vacuum(postgres_url)
+        await audit_log.seal(c.db, now=datetime.now(UTC) + timedelta(seconds=5))
+        report = await audit_log.verify(c.db)
     assert grown > before + 100_000  # the run took room...
     assert after <= before + 16 * 8192  # ...and gave it back, up to a few index pages
+    assert report.ok, report.lines()  # and the audit chain of the whole run still verifies
 
 
 async def _entries(c: Components, times: list[datetime]) -> None:
