@@ -38,12 +38,63 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _print(response: httpx.Response) -> int:
+    """The answer as JSON on stdout; a refusal also as a sentence on stderr. 0 if it succeeded."""
     try:
         body: Any = response.json()
         print(json.dumps(body, indent=2, ensure_ascii=False))
     except ValueError:
+        body = None
         print(response.text)
-    return 0 if response.is_success else 1
+    if response.is_success:
+        return 0
+    print(refusal(response, body), file=sys.stderr)
+    return 1
+
+
+def refusal(response: httpx.Response, body: Any = None) -> str:
+    """A refused call as a sentence: the problem's title and detail, each field's complaint,
+    and what to do about a missing key."""
+    problem = body if isinstance(body, dict) else {}
+    title = problem.get("title") or response.reason_phrase or "refused"
+    line = f"reach: {response.status_code} {title}"
+    if problem.get("detail"):
+        line += f": {problem['detail']}"
+    for error in problem.get("errors") or ():
+        if isinstance(error, dict):
+            where = error.get("pointer") or error.get("loc") or ""
+            line += f"\n  {where} {error.get('message') or error.get('detail') or ''}".rstrip()
+    if response.status_code == 401 and "authorization" not in {
+        h.lower() for h in response.request.headers
+    }:
+        line += "\n  no API key was sent: set AGENT_REACH_API_KEY or pass --api-key"
+    return line
+
+
+def describe_task(task: dict[str, Any]) -> str:
+    """A task and its steps as a few lines: each step's status and what its receipt says."""
+    lines = [f"task {task['task_id']}  {task['status']}  trace {task.get('trace_id', '')}"]
+    for step in task.get("steps", ()):
+        receipt = step.get("receipt") or {}
+        detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
+        shown = json.dumps(detail, ensure_ascii=False) if detail not in ("", None) else ""
+        lines.append(f"  {step['step_id']:12} {step['status']:18} {shown}".rstrip())
+    if task["status"] in ("pending", "running"):
+        lines.append(f"  (not over yet: reach status {task['task_id']} --watch follows it)")
+    return "\n".join(lines)
+
+
+def _show_task(response: httpx.Response, args: argparse.Namespace) -> int:
+    """A task answer as a summary (or, with --json, the document itself)."""
+    if getattr(args, "json", False) or not response.is_success:
+        return _print(response)
+    try:
+        body = response.json()
+    except ValueError:
+        return _print(response)
+    if not isinstance(body, dict) or "task_id" not in body or "steps" not in body:
+        return _print(response)
+    print(describe_task(body))
+    return 0
 
 
 def _request(method: str, url: str, args: argparse.Namespace, **kw: Any) -> httpx.Response | None:
@@ -60,7 +111,8 @@ def submit(args: argparse.Namespace) -> int:
     headers = {"Content-Type": "application/json"}
     if args.idempotency_key:
         headers["Idempotency-Key"] = args.idempotency_key
-    params = {"wait": args.wait} if args.wait else None
+    wait = 0.0 if args.no_wait else args.wait
+    params = {"wait": wait} if wait else None
     response = _request(
         "POST",
         f"{_url(args)}/v1/tasks",
@@ -68,9 +120,9 @@ def submit(args: argparse.Namespace) -> int:
         content=text,
         headers=headers,
         params=params,
-        timeout=30.0 + args.wait,
+        timeout=30.0 + wait,
     )
-    return 2 if response is None else _print(response)
+    return 2 if response is None else _show_task(response, args)
 
 
 def status(args: argparse.Namespace) -> int:
@@ -79,7 +131,7 @@ def status(args: argparse.Namespace) -> int:
 
         return watch_commands.watch(args)
     response = _request("GET", f"{_url(args)}/v1/tasks/{args.task_id}", args)
-    return 2 if response is None else _print(response)
+    return 2 if response is None else _show_task(response, args)
 
 
 def resolve(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 
 from agent_reach.addresses import split_address
+from agent_reach_cli.client_commands import describe_task
 
 TOOLS_FILE = Path(__file__).parent / "demo_assets" / "tools.yaml"
 ENV_URL = "AGENT_REACH_DEMO_URL"
@@ -126,17 +127,6 @@ def running_demo_service() -> Iterator[str]:
         server.server_close()
 
 
-def _describe(task: dict[str, Any]) -> str:
-    lines = [f"task {task['task_id']}  {task['status']}  trace {task['trace_id']}"]
-    for step in task["steps"]:
-        receipt = step.get("receipt") or {}
-        detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
-        lines.append(
-            f"  {step['step_id']:8} {step['status']:10} {json.dumps(detail, ensure_ascii=False)}"
-        )
-    return "\n".join(lines)
-
-
 async def run_demo(base_url: str, *, api_key: str) -> None:
     """Submit the plan for a rainy and a dry city, wait for each, and print what happened."""
     headers = {"Authorization": f"Bearer {api_key}"}
@@ -145,7 +135,7 @@ async def run_demo(base_url: str, *, api_key: str) -> None:
             response = await client.post("/v1/tasks", params={"wait": 30}, json=umbrella_plan(city))
             response.raise_for_status()
             print(f"\n== If it rains in {city} tomorrow, remind me at 08:00 to take an umbrella")
-            print(_describe(response.json()), flush=True)
+            print(describe_task(response.json()), flush=True)
 
 
 def print_quick_start(

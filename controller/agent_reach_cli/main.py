@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,10 +108,18 @@ def _add_trace_parser(sub: Any) -> None:
     client_commands.add_client_flags(p)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agent-reach")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reach", description="Agent-Reach: the execution layer for LLM agents."
     )
+    parser.add_argument("--version", action="version", version=f"reach {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers: dict[str, Handler] = {}
 
@@ -142,9 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = add(name, handler, help_)
         client_commands.add_client_flags(p)
+        p.add_argument("--json", action="store_true", help="print the answer as JSON")
         if name == "submit":
             p.add_argument("file")
-            p.add_argument("--wait", type=float, default=0, help="seconds to wait for the end")
+            p.add_argument(
+                "--wait",
+                type=float,
+                default=30,
+                help="seconds to wait for the receipts (default 30)",
+            )
+            p.add_argument("--no-wait", action="store_true", help="answer once it is accepted")
             p.add_argument("--idempotency-key")
         elif name == "status":
             p.add_argument("task_id")

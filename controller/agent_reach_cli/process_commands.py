@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from agent_reach.addresses import ListenError
 from agent_reach.logs import configure_logging
 from agent_reach.telemetry import configure_tracing, flush_tracing
 
@@ -41,8 +43,12 @@ def _run(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        _event_loop_runner()(runner())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            _event_loop_runner()(runner())
+    except ListenError as exc:
+        print(f"reach: {exc}", file=sys.stderr)
+        return 2
     flush_tracing()
     return 0
 

@@ -1,6 +1,6 @@
 """`reach tools …`: the tool registry of a running controller (list, show, change, export, import).
 
-reach tools                       the tools you may submit (as before)
+reach tools                       the tools you may submit
 reach tools create tool.yaml      one tool definition (YAML or JSON; '-' for stdin)
 reach tools update tool.yaml      a new version of it (--if-revision N: only if unchanged)
 reach tools disable|enable|delete NAME

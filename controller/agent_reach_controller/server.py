@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import uvicorn
 from grpc_health.v1 import health_pb2
 
-from agent_reach.addresses import split_address
+from agent_reach.addresses import ListenError, split_address
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.rpc import tls
 from agent_reach_controller.rpc.servicer import ExecutorService, build_server
@@ -49,7 +49,14 @@ def _bind(address: str, *, reuse_port: bool = False) -> socket.socket:
     # Accepted sockets inherit this: without it a keep-alive client waits out its delayed ACK
     # (about 40 ms) on every response that is written in more than one piece.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(
+            f"cannot listen on {address} (REST): {exc.strerror or exc}; "
+            "another process holds it, or choose another with --http"
+        ) from exc
     sock.listen(512)
     sock.setblocking(False)
     return sock

@@ -9,3 +9,8 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class ListenError(OSError):
+    """A listener could not be opened (the address is taken, or not this machine's): said in
+    one line by the `reach` command, never as a traceback."""

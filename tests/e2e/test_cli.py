@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -66,6 +67,9 @@ def _no_extra_tools(tmp_path: Path) -> Path:
 
 
 def _reach(*args: str) -> dict:
+    """A `reach` command's answer as JSON (`submit` and `status` print a summary without --json)."""
+    if args[0] in {"submit", "status"}:
+        args = (*args, "--json")
     done = subprocess.run([*REACH, *args], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
@@ -103,7 +107,7 @@ def test_reach_approve_lets_a_waiting_dangerous_step_run(tmp_path: Path) -> None
         [dev_key] = set(re.findall(r"ark_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", dev.output()))
         url = ["--url", f"http://{dev.info['http']}"]
         # Submitted with the cluster's key, approved by the dev key's principal (another one).
-        submitted = _reach("submit", str(plan), *url, "--api-key", c.api_key)
+        submitted = _reach("submit", str(plan), *url, "--api-key", c.api_key, "--no-wait")
         waiting = _reach("status", submitted["task_id"], *url, "--api-key", c.api_key)
         assert waiting["steps"][0]["status"] == "awaiting_approval"
         _reach(
@@ -181,3 +185,48 @@ def test_reach_tools_changes_the_catalogue_of_a_running_controller(tmp_path: Pat
         assert (dry["dry_run"], dry["unchanged"], dry["deleted"]) == (True, ["note.write"], [])
         history = _reach("tools", "history", "note.write", *url)
         assert [h["action"] for h in history["changes"]] == ["disable", "create"]
+
+
+def test_a_newcomer_gets_sentences_not_tracebacks(tmp_path: Path) -> None:
+    """A port in use, a missing API key, `--version`, and a task shown as a summary."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - {name: echo.say, description: Echo, connector: echo,"
+        " input_schema: {type: object}, risk: read, idempotent: true}\n"
+    )
+    version = subprocess.run([*REACH, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("reach ")
+    with cluster(tmp_path) as c:
+        ctl = c.dev("dev", tools=tools)
+        taken = ctl.info["http"]
+        busy = subprocess.run(
+            [*REACH, "dev", "--http", taken, "--grpc", "127.0.0.1:0", "--tools", str(tools)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert busy.returncode == 2
+        assert f"reach: cannot listen on {taken} (REST)" in busy.stderr
+        assert "Traceback" not in busy.stderr
+        url = ["--url", f"http://{taken}"]
+        env = {k: v for k, v in os.environ.items() if k != "AGENT_REACH_API_KEY"}
+        keyless = subprocess.run(
+            [*REACH, "status", "t-1", *url], capture_output=True, text=True, env=env, check=False
+        )
+        assert keyless.returncode == 1
+        assert "set AGENT_REACH_API_KEY or pass --api-key" in keyless.stderr
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"steps": [{"step_id": "hi", "tool": "echo.say", "args": {}}]}))
+        done = subprocess.run(
+            [*REACH, "submit", str(plan), *url, "--api-key", c.api_key],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        first, *steps = done.stdout.splitlines()  # waited for the receipts by default
+        assert first.startswith("task ")
+        assert " succeeded " in first
+        assert steps[0].split()[:2] == ["hi", "succeeded"]

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import SpanKind
 
 from agent_reach import telemetry
+from agent_reach.addresses import ListenError
 from agent_reach.telemetry import tracing_enabled
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
@@ -375,13 +376,19 @@ def build_server(
         reflection.SERVICE_NAME,
     )
     reflection.enable_server_reflection(names, server)
-    port = (
-        server.add_secure_port(address, credentials)
-        if credentials is not None
-        else server.add_insecure_port(address)
-    )
+    try:
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
+    except RuntimeError:  # grpcio raises this where older releases returned 0
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind gRPC to {address}")
+        raise ListenError(
+            f"cannot listen on {address} (gRPC): the address is in use or not this machine's; "
+            "another process holds it, or choose another with --grpc"
+        )
     return server, port, health_servicer
 
 
