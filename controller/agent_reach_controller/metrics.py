@@ -20,7 +20,7 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import AttemptResult
 from agent_reach_controller.storage.engine import Connection, after_commit
-from agent_reach_controller.storage.records import QueuedTool, StepChange, StepRow
+from agent_reach_controller.storage.records import QueuedGroup, StepChange, StepRow
 
 _CODES = frozenset(code.value for code in ErrorCode)
 
@@ -289,17 +289,20 @@ class ControllerMetrics:
 
     # -- gauges the background loop sets --------------------------------------------------------
 
-    def queue(self, queued: Sequence[QueuedTool], *, tools: Iterable[str], now: datetime) -> None:
-        """Replace the queue gauges: every catalogue tool (0 when idle) and any tool with steps."""
+    def queue(self, queued: Sequence[QueuedGroup], *, tools: Iterable[str], now: datetime) -> None:
+        """Replace the queue gauges: every catalogue tool (0 when idle) and any tool with steps,
+        each the sum of its groups (connector, tenant) and the oldest due among them."""
+        depth: dict[str, int] = dict.fromkeys(tools, 0)
+        age: dict[str, float] = dict.fromkeys(depth, 0.0)
+        for q in queued:
+            depth[q.tool] = depth.get(q.tool, 0) + q.depth
+            waited = (now - q.oldest_due).total_seconds() if q.oldest_due is not None else 0.0
+            age[q.tool] = max(age.get(q.tool, 0.0), waited)
         self._depth.clear()
         self._oldest.clear()
-        for tool in tools:
-            self._depth.labels(tool).set(0)
-            self._oldest.labels(tool).set(0)
-        for q in queued:
-            self._depth.labels(q.tool).set(q.depth)
-            age = (now - q.oldest_due).total_seconds() if q.oldest_due is not None else 0.0
-            self._oldest.labels(q.tool).set(max(0.0, age))
+        for tool, n in depth.items():
+            self._depth.labels(tool).set(n)
+            self._oldest.labels(tool).set(age[tool])
 
     def pools(self, pools: Iterable[PoolFigures]) -> None:
         """Replace the per-pool gauges."""

@@ -156,6 +156,7 @@ async def open_components(settings: ControllerSettings) -> Components:
     limiter = _limiter(settings, db)
     keys = KeyService(db)
     pools = PoolTokenService(db, file=WatchedTokenFile(settings.executor_tokens))
+    admission = AdmissionService(db=db, registry=registry, metrics=metrics)
     sessions = SessionService(db, liveness=timedelta(seconds=settings.lease_seconds))
     policy = load_policy(settings.policy)
     operator = OperatorService(work=work)
@@ -194,7 +195,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         intake=IntakeService(work=work, hand_off=hand_off),
         queries=TaskQueries(db=db, notifier=notifier),
         operator=operator,
-        admission=AdmissionService(db=db, registry=registry, metrics=metrics),
+        admission=admission,
         leasing=leasing,
         reporting=ReportingService(
             work=work, sessions=sessions, tool_health=tool_health, expiry=expiry
@@ -205,7 +206,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         limiter=limiter,
         keys=keys,
         pools=pools,
-        autoscaling=AutoscalingService(db=db, pools=pools, metrics=metrics),
+        autoscaling=AutoscalingService(db=db, pools=pools, admission=admission, metrics=metrics),
         retention=RetentionService(
             db=db,
             days=settings.retention_days,
@@ -246,13 +247,7 @@ def sweeps_of(components: Components) -> list[Sweep]:
         # time (admission still counts each submit at once in between; see AdmissionService).
         Sweep(
             name="queue_depth",
-            run=components.admission.refresh_queue_depth,
-            every=every,
-            share=0.1,
-        ),
-        # The same scan, by pool: what autoscalers scale each executor pool on.
-        Sweep(
-            name="pool_demand",
+            # One read of the queue: admission's count, the per-tool gauges, each pool's share.
             run=components.autoscaling.refresh,
             every=every,
             share=0.1,

@@ -6,12 +6,13 @@ no key."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from agent_reach_controller.services.autoscaling import pool_demand
 from agent_reach_controller.services.sessions import Announcement
-from agent_reach_controller.storage.demand import QueuedGroup
+from agent_reach_controller.storage.records import QueuedGroup
 from tests.integration.stack import components_for, write_tools
 from tests.integration.test_metrics import keyless, scrape, submit, value
 
@@ -82,3 +83,22 @@ def test_desired_executors_round_up_and_need_work() -> None:
     found = pool_demand(scopes, queued, {"a": 1}, {"a": 4, "b": 8}, now=now)
     assert found["a"].desired_executors == 3  # 10 steps at 4 slots
     assert found["b"].desired_executors == 0
+
+
+async def test_callers_asking_at_once_share_one_read(sqlite_url: str, tmp_path: Path) -> None:
+    """`/metrics/pools/{pool}` needs no key: however many ask while the figure is stale, the
+    queue is read once (the counter wraps admission's read; the service itself is real)."""
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        await c.pools.create(name="general", created_by="test")
+        reads = 0
+        read_queue = c.admission.refresh_queue_depth
+
+        async def counted() -> int:
+            nonlocal reads
+            reads += 1
+            return await read_queue()
+
+        c.admission.refresh_queue_depth = counted  # type: ignore[method-assign]
+        answers = await asyncio.gather(*(c.autoscaling.demand("general") for _ in range(20)))
+        assert all(a is not None and a.pool == "general" for a in answers)
+        assert reads == 1

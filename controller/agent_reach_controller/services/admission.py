@@ -15,6 +15,7 @@ from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.storage import steps
 from agent_reach_controller.storage.engine import Database
+from agent_reach_controller.storage.records import QueuedGroup
 
 
 class QueueFullError(Exception):
@@ -38,6 +39,9 @@ class AdmissionService:
         self.metrics = metrics
         # Ready steps across all replicas, refreshed by the background loop (admission control).
         self.queue_depth = 0
+        # The queue as the last refresh read it, by tool, connector and tenant (autoscaling
+        # divides it among the executor pools).
+        self.queued: list[QueuedGroup] = []
         # Admitted but not committed yet, and kept in total: a refresh's count cannot see the
         # first, nor those kept while it reads, so it adds them back (see refresh_queue_depth).
         self._admitting = 0
@@ -82,7 +86,8 @@ class AdmissionService:
         now = datetime.now(UTC)
         kept_before = self._kept
         async with self._db.transaction() as conn:
-            queued = await steps.queue_by_tool(conn, now=now)
+            queued = await steps.queued_groups(conn, now=now)
+        self.queued = queued
         counted = sum(q.depth for q in queued)
         self.queue_depth = counted + self._admitting + (self._kept - kept_before)
         self.metrics.queue(queued, tools=self._registry.catalog, now=now)

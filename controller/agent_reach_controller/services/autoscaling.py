@@ -8,6 +8,7 @@ needs one. A step counts for every pool whose scope takes it (overlapping pools 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -16,8 +17,10 @@ from datetime import UTC, datetime
 
 from agent_reach_controller.identity.pools import PoolScope, PoolTokenService
 from agent_reach_controller.metrics import ControllerMetrics
+from agent_reach_controller.services.admission import AdmissionService
 from agent_reach_controller.storage import demand as storage
 from agent_reach_controller.storage.engine import Database
+from agent_reach_controller.storage.records import QueuedGroup
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +57,7 @@ class PoolDemand:
         }
 
 
-def _takes(scope: PoolScope, group: storage.QueuedGroup) -> bool:
+def _takes(scope: PoolScope, group: QueuedGroup) -> bool:
     return (
         (scope.connectors is None or group.connector in scope.connectors)
         and scope.allows_tool(group.tool)
@@ -64,7 +67,7 @@ def _takes(scope: PoolScope, group: storage.QueuedGroup) -> bool:
 
 def pool_demand(
     scopes: Mapping[str, PoolScope],
-    queued: Iterable[storage.QueuedGroup],
+    queued: Iterable[QueuedGroup],
     running: Mapping[str, int],
     slots: Mapping[str, int],
     *,
@@ -87,33 +90,51 @@ def pool_demand(
 
 
 class AutoscalingService:
-    """Refreshed by a background sweep; read by `/metrics` (gauges) and `/metrics/pools/{pool}`."""
+    """Refreshed by the queue sweep; read by `/metrics` (gauges) and `/metrics/pools/{pool}`.
+
+    The queue itself is read once per refresh, by admission (`refresh_queue_depth`); this adds
+    what the pools' sessions hold and their slots."""
 
     def __init__(
-        self, *, db: Database, pools: PoolTokenService, metrics: ControllerMetrics
+        self,
+        *,
+        db: Database,
+        pools: PoolTokenService,
+        admission: AdmissionService,
+        metrics: ControllerMetrics,
     ) -> None:
         self._db = db
         self._pools = pools
+        self._admission = admission
         self._metrics = metrics
         self.latest: dict[str, PoolDemand] = {}
         self._refreshed = -math.inf
+        self._refreshing = asyncio.Lock()
 
     async def demand(self, pool: str, *, max_age: float = 5.0) -> PoolDemand | None:
         """One pool's demand, read again when the sweep's is older than `max_age` seconds (at
-        start, or an idle replica), at most that often whatever is asked."""
-        if time.monotonic() - self._refreshed > max_age:
-            await self.refresh()
+        start, or an idle replica): at most once per `max_age` however many ask at once (the
+        route needs no key)."""
+        async with self._refreshing:
+            if time.monotonic() - self._refreshed > max_age:
+                await self._refresh()
         return self.latest.get(pool)
 
     async def refresh(self) -> dict[str, PoolDemand]:
+        """The queue sweep: count the queue (admission, the per-tool gauges), then divide it."""
+        async with self._refreshing:
+            return await self._refresh()
+
+    async def _refresh(self) -> dict[str, PoolDemand]:
+        await self._admission.refresh_queue_depth()
+        queued = self._admission.queued
         now = datetime.now(UTC)
         tokens = [t for t in await self._pools.list() if t.revoked_at is None]
         async with self._db.transaction() as conn:
-            queued = await storage.queued_groups(conn, now=now)
             running = await storage.running_by_pool(conn)
             sessions = await storage.session_pools(conn)
         scopes: dict[str, PoolScope] = {}
-        # Newest token of a name first (the provisioning file's come last in the list and win).
+        # Newest token of a name last, so it wins (provisioned ones have no date: they win).
         for token in sorted(tokens, key=lambda t: t.created_at or now):
             scopes[token.name] = token.scope
         for seen in sessions:

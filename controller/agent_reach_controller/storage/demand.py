@@ -1,31 +1,16 @@
-"""What each executor pool has to do: the reads behind per-pool autoscaling.
-
-services/autoscaling.py uses them; a sweep runs them a few times a minute at most, on both backends.
-"""
+"""What each executor pool holds and can run: the reads behind per-pool autoscaling beside the
+queue's own (`steps.queued_groups`). Cold path: the queue sweep runs them, on both backends."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus
-from agent_reach_controller.storage.schema import UtcDateTime, executor_sessions, steps
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QueuedGroup:
-    """Ready steps of one tool, connector and tenant, and when the longest-waiting due one became
-    due (None: none is due yet)."""
-
-    tool: str
-    connector: str
-    tenant: str
-    depth: int
-    oldest_due: datetime | None
+from agent_reach_controller.storage.schema import executor_sessions, steps
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,24 +20,6 @@ class SessionPool:
     pool: str
     scope: dict[str, Any]
     slots: int
-    live: bool
-
-
-async def queued_groups(conn: AsyncConnection, *, now: datetime) -> list[QueuedGroup]:
-    """The queue (ready steps, due or not) by tool, connector and tenant, in one grouped read."""
-    nb, changed = steps.c.not_before, steps.c.updated_at
-    due_at = sa.case((nb > changed, nb), else_=changed)
-    is_due = sa.or_(nb.is_(None), nb <= now)
-    oldest = sa.type_coerce(sa.func.min(sa.case((is_due, due_at))), UtcDateTime())
-    rows = await conn.execute(
-        sa.select(steps.c.tool, steps.c.connector, steps.c.tenant, sa.func.count(), oldest)
-        .where(steps.c.status == StepStatus.READY)
-        .group_by(steps.c.tool, steps.c.connector, steps.c.tenant)
-    )
-    return [
-        QueuedGroup(tool=t, connector=c, tenant=tenant, depth=int(n), oldest_due=when)
-        for t, c, tenant, n, when in rows.all()
-    ]
 
 
 async def running_by_pool(conn: AsyncConnection) -> dict[str, int]:
@@ -77,31 +44,18 @@ async def session_pools(conn: AsyncConnection) -> list[SessionPool]:
         .group_by(executor_sessions.c.pool)
         .subquery()
     )
-    live = (
-        sa.select(executor_sessions.c.pool)
-        .where(executor_sessions.c.ended_at.is_(None))
-        .distinct()
-        .subquery()
-    )
     rows = await conn.execute(
         sa.select(
-            executor_sessions.c.pool,
-            executor_sessions.c.scope,
-            executor_sessions.c.slots,
-            live.c.pool.is_not(None),
-        )
-        .join(
+            executor_sessions.c.pool, executor_sessions.c.scope, executor_sessions.c.slots
+        ).join(
             newest,
             sa.and_(
                 newest.c.pool == executor_sessions.c.pool,
                 newest.c.at == executor_sessions.c.registered_at,
             ),
         )
-        .outerjoin(live, live.c.pool == executor_sessions.c.pool)
     )
     found: dict[str, SessionPool] = {}
-    for pool, scope, slots, is_live in rows.all():
-        found[pool] = SessionPool(
-            pool=pool, scope=scope or {}, slots=int(slots), live=bool(is_live)
-        )
+    for pool, scope, slots in rows.all():
+        found[pool] = SessionPool(pool=pool, scope=scope or {}, slots=int(slots))
     return list(found.values())

@@ -148,10 +148,14 @@ class EventRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueuedTool:
-    """One tool's queue: its ready steps, and when the longest-waiting due one became due."""
+class QueuedGroup:
+    """Ready steps of one tool, connector and tenant, and when the longest-waiting due one became
+    due (None: none is due yet). Admission sums them, the gauges add them up per tool, and each
+    executor pool takes the groups its scope allows."""
 
     tool: str
+    connector: str
+    tenant: str
     depth: int
     oldest_due: datetime | None
 

@@ -22,7 +22,7 @@ from agent_reach_controller.storage.commit import json_rows
 from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.storage.records import (
     EventRow,
-    QueuedTool,
+    QueuedGroup,
     StepChange,
     StepRow,
     TaskRow,
@@ -224,8 +224,9 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
 
 
-async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedTool]:
-    """Steps waiting for an executor (ready, due or not) per tool, in one grouped query.
+async def queued_groups(conn: AsyncConnection, *, now: datetime) -> list[QueuedGroup]:
+    """Steps waiting for an executor (ready, due or not) per tool, connector and tenant, in one
+    grouped query: the queue's one read (admission, the gauges, each pool's demand).
 
     A due step became due at the later of its last change (queued) and its `not_before`
     (backoff, hold, rate limit); `oldest_due` is the earliest such time among the due ones.
@@ -235,11 +236,14 @@ async def queue_by_tool(conn: AsyncConnection, *, now: datetime) -> list[QueuedT
     is_due = sa.or_(nb.is_(None), nb <= now)
     oldest = sa.type_coerce(sa.func.min(sa.case((is_due, due_at))), UtcDateTime())
     rows = await conn.execute(
-        sa.select(steps.c.tool, sa.func.count(), oldest)
+        sa.select(steps.c.tool, steps.c.connector, steps.c.tenant, sa.func.count(), oldest)
         .where(steps.c.status == StepStatus.READY)
-        .group_by(steps.c.tool)
+        .group_by(steps.c.tool, steps.c.connector, steps.c.tenant)
     )
-    return [QueuedTool(tool=t, depth=int(n), oldest_due=when) for t, n, when in rows.all()]
+    return [
+        QueuedGroup(tool=t, connector=c, tenant=tenant, depth=int(n), oldest_due=when)
+        for t, c, tenant, n, when in rows.all()
+    ]
 
 
 # --- steps: transitions ---------------------------------------------------------------------
