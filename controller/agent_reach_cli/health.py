@@ -29,7 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get(ENV_URL) or DEFAULT_URL
-    context = ssl._create_unverified_context() if args.no_verify else None
+    context = None
+    if args.no_verify:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     try:
         with urllib.request.urlopen(url, timeout=args.timeout, context=context) as response:
             status = response.status

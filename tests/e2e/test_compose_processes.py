@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +25,11 @@ import yaml
 from agent_reach_cli.demo import umbrella_plan
 from tests.e2e.processes import REACH, Proc, wait_until
 from tests.support.otlp import OtlpReceiver
+from tests.support.pgserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SERVICES = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Stack:
@@ -134,8 +127,8 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
 ) -> None:
     compose_db = SERVICES["migrate"]["environment"]["AGENT_REACH_CONTROLLER_DATABASE_URL"]
     compose_redis = SERVICES["controller"]["environment"]["AGENT_REACH_CONTROLLER_REDIS_URL"]
-    demo_port = _free_port()
-    http_ports, grpc_ports = [_free_port(), _free_port()], [_free_port(), _free_port()]
+    demo_port = free_port()
+    http_ports, grpc_ports = [free_port(), free_port()], [free_port(), free_port()]
     stack = Stack(
         tmp_path,
         where={
@@ -179,7 +172,7 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
             )
             stack.healthy(proc, env, {"127.0.0.1:8080": f"127.0.0.1:{http_ports[i]}"})
         for i in range(2):
-            metrics = _free_port()
+            metrics = free_port()
             listen = {
                 "0.0.0.0:9464": f"127.0.0.1:{metrics}",
                 "127.0.0.1:9464": f"127.0.0.1:{metrics}",

@@ -13,14 +13,19 @@ import httpx
 from tests.e2e.processes import api, cluster, wait_until
 
 
-def test_a_waiting_submit_is_answered_when_the_controller_stops(
-    postgres_url: str, tmp_path: Path
-) -> None:
-    tools = tmp_path / "tools.yaml"
+def _echo_tools(directory: Path) -> Path:
+    tools = directory / "tools.yaml"
     tools.write_text(
         "tools:\n  - {name: echo.say, description: Echo, connector: echo,"
         " input_schema: {type: object}, risk: read, idempotent: true}\n"
     )
+    return tools
+
+
+def test_a_waiting_submit_is_answered_when_the_controller_stops(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tools = _echo_tools(tmp_path)
     answers: list[httpx.Response | BaseException] = []
     with cluster(tmp_path) as c:
         controller = c.controller("ctl", database_url=postgres_url, tools=tools)
@@ -55,11 +60,7 @@ def test_a_waiting_submit_is_answered_when_the_controller_stops(
 def test_a_stopping_controller_says_not_ready_and_still_serves_for_its_delay(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    tools = tmp_path / "tools.yaml"
-    tools.write_text(
-        "tools:\n  - {name: echo.say, description: Echo, connector: echo,"
-        " input_schema: {type: object}, risk: read, idempotent: true}\n"
-    )
+    tools = _echo_tools(tmp_path)
     with cluster(tmp_path, {"AGENT_REACH_CONTROLLER_SHUTDOWN_DELAY": "4"}) as c:
         controller = c.controller("ctl", database_url=postgres_url, tools=tools)
         with api(controller) as client:

@@ -11,7 +11,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,18 +21,12 @@ import httpx
 import pytest
 
 from tests.e2e.processes import wait_until
+from tests.support.pgserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
 BUILD_STAGE, FINAL_STAGE = DOCKERFILE.split("\nFROM ")[1:3]
 UNPRIVILEGED = "nobody"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _as_user() -> list[str]:
@@ -183,7 +176,7 @@ def test_both_entrypoints_run_from_the_installed_image_without_writing(
         check=True,
     )
     key = next(word for word in key_made.stdout.split() if word.startswith("ark_"))
-    http, grpc = _free_port(), _free_port()
+    http, grpc = free_port(), free_port()
     controller = _spawn(
         image,
         home,
@@ -203,7 +196,7 @@ def test_both_entrypoints_run_from_the_installed_image_without_writing(
         },
         scratch / "controller.log",
     )
-    metrics = _free_port()
+    metrics = free_port()
     executor_env = {
         **base,
         "AGENT_REACH_EXECUTOR_TOKEN": made.stdout.strip(),

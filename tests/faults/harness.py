@@ -519,6 +519,51 @@ def plan(key: str, ops: Sequence[str], tool: str, **extra: Any) -> dict[str, Any
     }
 
 
+class KeyedClients:
+    """Client threads submitting their share of `keys` at a steady pace, each a task of `steps`
+    calls of `tool` with `?wait=`, alternating replicas and retrying (with the same
+    Idempotency-Key) on the other one when a call fails. Started at once."""
+
+    def __init__(
+        self,
+        api: Api,
+        keys: Sequence[str],
+        *,
+        clients: int,
+        steps: int,
+        tool: str,
+        every_s: float,
+        wait_s: float,
+    ) -> None:
+        self._stop = threading.Event()
+
+        def submit(mine: Sequence[str], start: int) -> None:
+            for n, key in enumerate(mine):
+                if self._stop.wait(every_s):
+                    return
+                ops = [f"{key}-op-{i}" for i in range(steps)]
+                body = plan(key, ops, tool)
+                api.submit(body, key=key, start=start + n, within=120, wait=wait_s)
+
+        self._threads = [
+            threading.Thread(
+                target=submit, args=(keys[i::clients], i), name=f"client-{i}", daemon=True
+            )
+            for i in range(clients)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout: float = 150) -> None:
+        """Wait for every client to finish its keys (then stop any that did not)."""
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        self._stop.set()
+
+
 def batches(total: int, size: int) -> Iterator[tuple[int, int]]:
     """(first, count) of consecutive batches covering `total` items."""
     for first in range(0, total, size):

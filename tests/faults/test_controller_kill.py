@@ -3,12 +3,11 @@ and timeouts, failing over to the other replica: exactly one task per key, nothi
 
 from __future__ import annotations
 
-import threading
 import time
 
 from tests.e2e.processes import Proc
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import Api, FaultEnv, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, KeyedClients, observe, pace, record_sink, sink_tool
 from tests.support.sink import Response, Sink
 
 SUBMIT_EVERY_S = 0.12  # per client: a steady stream that spans every kill
@@ -17,18 +16,8 @@ SUBMIT_EVERY_S = 0.12  # per client: a steady stream that spans every kill
 WAIT_S = 1.0
 
 
-def client(api: Api, keys: list[str], steps: int, start: int, stop: threading.Event) -> None:
-    """Submit each key (alternating replicas), retrying on the other one when a call fails."""
-    for n, key in enumerate(keys):
-        if stop.wait(SUBMIT_EVERY_S):
-            return
-        ops = [f"{key}-op-{i}" for i in range(steps)]
-        api.submit(plan(key, ops, "ledger.post"), key=key, start=start + n, within=120, wait=WAIT_S)
-
-
 def test_controller_replica_killed_while_clients_retry(fault_env: FaultEnv) -> None:
     env, p = fault_env, fault_env.profile.controller
-    stop = threading.Event()
     with Sink() as sink, env.cluster() as c:
         sink.script("/ledger", [Response(json={"ok": True}, delay=0.02, echo=True)])
         tools = env.tools([sink_tool("ledger.post", f"{sink.url}/ledger")], sink=sink)
@@ -45,26 +34,16 @@ def test_controller_replica_killed_while_clients_retry(fault_env: FaultEnv) -> N
         # Short client timeouts: a call to a dead replica fails over quickly.
         api = env.api(replicas, timeout=3)
         keys = [f"ctl-key-{n}" for n in range(p.keys)]
-        clients = [
-            threading.Thread(
-                target=client,
-                args=(api, keys[i :: p.clients], p.steps_per_task, i, stop),
-                name=f"client-{i}",
-                daemon=True,
-            )
-            for i in range(p.clients)
-        ]
-        for thread in clients:
-            thread.start()
+        clients = KeyedClients(
+            api, keys, clients=p.clients, steps=p.steps_per_task, tool="ledger.post",
+            every_s=SUBMIT_EVERY_S, wait_s=WAIT_S,
+        )  # fmt: skip
         progress = env.progress()
         kills, generation = 0, 0
 
-        def clients_done() -> bool:
-            return not any(t.is_alive() for t in clients)
-
         try:
             while kills < p.kills:
-                if pace(p.kill_every_s, unless=clients_done):
+                if pace(p.kill_every_s, unless=clients.done):
                     break
                 index = env.rng.randrange(len(replicas))
                 env.faults.sigkill(replicas[index])
@@ -81,10 +60,8 @@ def test_controller_replica_killed_while_clients_retry(fault_env: FaultEnv) -> N
                 )
                 env.faults.restarted(replicas[index])
         finally:
-            for thread in clients:
-                thread.join(timeout=150)
-            stop.set()
-        assert clients_done(), "a client did not finish submitting"
+            clients.join()
+        assert clients.done(), "a client did not finish submitting"
         env.wait_settled(
             progress, expected=p.keys * p.steps_per_task, within=p.recovery_bound_s + 60
         )

@@ -6,14 +6,13 @@ Retry-After."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import psycopg
 
 from tests.e2e.processes import Proc
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import Api, FaultEnv, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, KeyedClients, observe, pace, record_sink, sink_tool
 from tests.support.sink import Response, Sink
 
 SUBMIT_EVERY_S = 0.1  # per client
@@ -25,17 +24,8 @@ EXPAND = [
 ]
 
 
-def client(api: Api, keys: list[str], steps: int, start: int, stop: threading.Event) -> None:
-    for n, key in enumerate(keys):
-        if stop.wait(SUBMIT_EVERY_S):
-            return
-        ops = [f"{key}-op-{i}" for i in range(steps)]
-        api.submit(plan(key, ops, "ledger.post"), key=key, start=start + n, within=120, wait=WAIT_S)
-
-
 def test_rolling_restart_of_every_component_with_an_expand_migration(fault_env: FaultEnv) -> None:
     env, p = fault_env, fault_env.profile.rolling
-    stop = threading.Event()
     controller_env = {"AGENT_REACH_CONTROLLER_SHUTDOWN_DELAY": str(p.shutdown_delay_s)}
     exits: dict[str, int] = {}
     with Sink() as sink, env.cluster() as c:
@@ -60,21 +50,11 @@ def test_rolling_restart_of_every_component_with_an_expand_migration(fault_env: 
         c.await_registered(executors)
         api = env.api(controllers, timeout=5)
         keys = [f"roll-key-{n}" for n in range(p.keys)]
-        clients = [
-            threading.Thread(
-                target=client,
-                args=(api, keys[i :: p.clients], p.steps_per_task, i, stop),
-                name=f"client-{i}",
-                daemon=True,
-            )
-            for i in range(p.clients)
-        ]
-        for thread in clients:
-            thread.start()
+        clients = KeyedClients(
+            api, keys, clients=p.clients, steps=p.steps_per_task, tool="ledger.post",
+            every_s=SUBMIT_EVERY_S, wait_s=WAIT_S,
+        )  # fmt: skip
         progress = env.progress()
-
-        def clients_done() -> bool:
-            return not any(t.is_alive() for t in clients)
 
         def stopped(proc: Proc) -> None:
             exits[proc.name] = proc.terminate(timeout=60)
@@ -83,7 +63,7 @@ def test_rolling_restart_of_every_component_with_an_expand_migration(fault_env: 
         restarts = 0
         try:
             for index in range(len(controllers)):
-                pace(p.pause_s, unless=clients_done)
+                pace(p.pause_s, unless=clients.done)
                 stopped(controllers[index])
                 http, grpc = addresses[index]
                 controllers[index] = start_controller(
@@ -95,16 +75,14 @@ def test_rolling_restart_of_every_component_with_an_expand_migration(fault_env: 
                 for statement in EXPAND:
                     admin.execute(statement)
             for index in range(len(executors)):
-                pace(p.pause_s, unless=clients_done)
+                pace(p.pause_s, unless=clients.done)
                 stopped(executors[index])
                 executors[index] = c.start_executor(f"executor-{index}-new", grpc=grpc_all, slots=6)
                 c.await_registered([executors[index]])
                 restarts += 1
         finally:
-            for thread in clients:
-                thread.join(timeout=150)
-            stop.set()
-        assert clients_done(), "a client did not finish submitting"
+            clients.join()
+        assert clients.done(), "a client did not finish submitting"
         env.wait_settled(
             progress, expected=p.keys * p.steps_per_task, within=p.recovery_bound_s + 60
         )
