@@ -379,7 +379,7 @@ async def test_a_plan_over_its_own_cap_is_refused_at_submit(
             ],
             "caps": {"cost": 4},
         }
-        answer = await client.post("/v1/tasks", json=calls)
+        answer = await client.post("/v1/tasks", json=calls, params={"atomic": "true"})
         assert answer.status_code == 422, answer.text
         assert [e["pointer"] for e in answer.json()["errors"]] == ["/tool_calls/2"]
         bad = {"steps": [{"step_id": "a", "tool": "echo.say"}], "caps": {"payment": -1}}

@@ -274,9 +274,9 @@ CATALOG = ToolCatalog(
 )
 
 
-def problems(body: dict[str, Any]) -> list[tuple[str, str]]:
+def problems(body: dict[str, Any], *, atomic: bool = False) -> list[tuple[str, str]]:
     try:
-        parse_plan(body, CATALOG)
+        parse_plan(body, CATALOG, atomic=atomic)
     except PlanInvalidError as exc:
         return [(p.pointer, p.code) for p in exc.problems]
     return []
@@ -320,8 +320,13 @@ def test_steps_that_may_not_run_are_not_counted_at_submit() -> None:
 
 def test_tool_calls_are_checked_the_same_way() -> None:
     calls = [{"id": f"c{i}", "function": {"name": "pay", "arguments": "{}"}} for i in range(2)]
-    assert problems({"tool_calls": calls, "caps": {"payment": 1}}) == [
-        ("/tool_calls/1", "cap_exceeded")
+    body = {"tool_calls": calls, "caps": {"payment": 1}}
+    assert problems({**body}, atomic=True) == [("/tool_calls/1", "cap_exceeded")]
+    # In a model's turn only the call over the cap is refused; the first one runs.
+    plan = parse_plan(body, CATALOG)
+    assert [s.step_id for s in plan.steps] == ["c0"]
+    assert [(r.step_id, [(p.pointer, p.code) for p in r.problems]) for r in plan.refused] == [
+        ("c1", [("/tool_calls/1", "cap_exceeded")])
     ]
 
 
@@ -332,7 +337,7 @@ def test_tool_calls_are_checked_the_same_way() -> None:
         ({"Pay": 1}, "/caps/Pay", "invalid_type"),
         ({"pay\n": 1}, "/caps/pay\n", "invalid_type"),
         ({"payment": -1}, "/caps/payment", "invalid_number"),
-        ({"payment": 1e13}, "/caps/payment", "invalid_number"),
+        ({"payment": 1e13}, "/caps/payment", "too_large"),
         ({"payment": "1"}, "/caps/payment", "invalid_type"),
         ({"payment": True}, "/caps/payment", "invalid_type"),
         ({f"c{i}": 1 for i in range(33)}, "/caps", "too_large"),

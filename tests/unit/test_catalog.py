@@ -165,13 +165,15 @@ def test_backoff_full_jitter_stays_in_range_and_is_seedable() -> None:
 
 
 def test_openai_and_anthropic_exports(catalog: ToolCatalog) -> None:
-    openai = catalog.to_openai()
+    from agent_reach_controller.tools.shapes import tool_list
+
+    openai = tool_list(catalog.enabled(), "openai_chat")
     names = [t["function"]["name"] for t in openai]
     assert names == ["weather_forecast", "reminder_create", "order_query"]  # disabled left out
     first = openai[0]
     assert first["type"] == "function"
     assert first["function"]["parameters"] == catalog["weather.forecast"].input_schema
-    anthropic = catalog.to_anthropic(include_disabled=True)
+    anthropic = tool_list(catalog.values(), "anthropic")
     assert [t["name"] for t in anthropic] == [
         "weather_forecast",
         "reminder_create",

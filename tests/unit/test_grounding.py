@@ -78,8 +78,16 @@ def test_tool_calls_point_at_the_arguments_string() -> None:
             }
         ],
     }
+    # In a model's turn the call is refused on its own (a failed step with a reply)...
+    [refused] = parse_plan(body, CATALOG).refused
+    [problem] = refused.problems
+    assert (problem.pointer, problem.code) == (
+        "/tool_calls/0/function/arguments",
+        "ungrounded_argument",
+    )
+    # ...and with atomic=True the whole turn is refused, as a plan is.
     with pytest.raises(PlanInvalidError) as info:
-        parse_plan(body, CATALOG)
+        parse_plan(body, CATALOG, atomic=True)
     [problem] = info.value.problems
     assert (problem.pointer, problem.code) == (
         "/tool_calls/0/function/arguments",

@@ -70,7 +70,7 @@ def step(**overrides: Any) -> dict[str, Any]:
 
 # One case per problem code: (body, pointer, code, a phrase of the detail).
 CORPUS: list[tuple[str, Any, str, str, str]] = [
-    ("not an object", [], "", "invalid_type", "must be an object"),
+    ("not an object", 5, "", "invalid_type", "is an object, not number"),
     ("steps not a list", {"steps": {}}, "/steps", "invalid_type", "must be an array"),
     ("no steps", {"goal": "x"}, "/steps", "missing_field", "'steps'"),
     ("no tool", {"steps": [{"step_id": "a"}]}, "/steps/0/tool", "missing_field", "'tool'"),
@@ -223,7 +223,7 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "too_large",
         "5,000 characters",
     ),
-    ("no steps", {"steps": []}, "/steps", "missing_field", "at least one step"),
+    ("no steps", {"steps": []}, "/steps", "missing_field", "at least one is needed"),
     (
         "deadline not a number",
         {"steps": [WEATHER], "deadline_seconds": "soon"},
@@ -236,14 +236,14 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         {"steps": [WEATHER], "deadline_seconds": 10**9},
         "/deadline_seconds",
         "too_large",
-        "at most",
+        "less than or equal to 2592000",
     ),
     (
         "budget below one",
         {"steps": [WEATHER], "budget": {"max_attempts": 0}},
         "/budget/max_attempts",
-        "invalid_type",
-        ">= 1",
+        "invalid_number",
+        "greater than or equal to 1",
     ),
     (
         "retry override out of range",
@@ -277,15 +277,15 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "plan priority out of range",
         {"steps": [WEATHER], "priority": 5000},
         "/priority",
-        "invalid_type",
-        "from -1000 to 1000",
+        "too_large",
+        "less than or equal to 1000",
     ),
     (
         "step priority not an integer",
         {"steps": [{**WEATHER, "priority": "high"}]},
         "/steps/0/priority",
         "invalid_type",
-        "a priority must be an integer",
+        "'priority' must be an integer, not string",
     ),
     (
         "timeouts not an object",
@@ -301,7 +301,7 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         "unknown_field",
         "expected max_attempts",
     ),
-    ("no tool calls", {"tool_calls": []}, "/tool_calls", "missing_field", "at least one step"),
+    ("no tool calls", {"tool_calls": []}, "/tool_calls", "missing_field", "at least one"),
     (
         "caps not an object",
         {"steps": [WEATHER], "caps": ["payment"]},
@@ -314,7 +314,7 @@ CORPUS: list[tuple[str, Any, str, str, str]] = [
         {"steps": [WEATHER], "caps": {"payment": -1}},
         "/caps/payment",
         "invalid_number",
-        "from 0 to",
+        "greater than or equal to 0",
     ),
 ]
 
@@ -365,7 +365,8 @@ def test_corpus_covers_every_code() -> None:
 
     # cycle, ungrounded_argument and cap_exceeded have their own tests (test_grounding.py and
     # test_caps.py for the last two)
-    covered = {c[3] for c in CORPUS} | {"cycle", "ungrounded_argument", "cap_exceeded"}
+    # forbidden is only ever a refused call of a model's turn (test_dialects.py)
+    covered = {c[3] for c in CORPUS} | {"cycle", "ungrounded_argument", "cap_exceeded", "forbidden"}
     assert covered == {code.value for code in ProblemCode}
 
 
@@ -450,10 +451,39 @@ def test_problem_cap() -> None:
     assert problems[-1].code == "too_large"
 
 
-def test_many_errors_at_once() -> None:
+def test_every_problem_of_the_shape_at_once() -> None:
     body = {
         "goal": 7,
         "mystery": True,
+        "steps": [
+            {"step_id": "a", "tool": "weather.forecast", "depends_on": ["b", 3]},
+            {"step_id": "b", "tool": "nope", "colour": 1},
+            {"tool": "order.query", "args": "not-an-object", "when": 5},
+            "not a step",
+        ],
+        "context": [],
+    }
+    problems = problems_of(body)
+    expected = {
+        ("/goal", "invalid_type"),
+        ("/mystery", "unknown_field"),
+        ("/steps/0/depends_on/1", "invalid_type"),
+        ("/steps/1/colour", "unknown_field"),
+        ("/steps/2/step_id", "missing_field"),
+        ("/steps/2/args", "invalid_type"),
+        ("/steps/2/when", "invalid_type"),
+        ("/steps/3", "invalid_type"),
+        ("/context", "invalid_type"),
+    }
+    assert pairs(problems) == expected
+    assert len(problems) == len(expected)
+    unknown = next(p for p in problems if p.pointer == "/steps/1/colour")
+    assert unknown.detail.startswith("unknown field; expected args, depends_on, priority")
+
+
+def test_every_problem_of_the_meaning_at_once() -> None:
+    """Once the shape is right, everything wrong with what it says is listed together."""
+    body = {
         "steps": [
             {
                 "step_id": "a",
@@ -461,33 +491,21 @@ def test_many_errors_at_once() -> None:
                 "args": {"city": 5, "day": "today"},
                 "depends_on": ["b"],
             },
-            {"step_id": "b", "tool": "nope", "depends_on": ["a", "zzz", 3]},
-            {
-                "step_id": "a",
-                "tool": "reminder.create",
-                "args": {"at": "x", "text": "$c.output"},
-                "colour": 1,
-            },
-            {"tool": "order.query", "args": "not-an-object", "when": "steps.a.output =="},
-            "not a step",
+            {"step_id": "b", "tool": "nope", "depends_on": ["a", "zzz"]},
+            {"step_id": "a", "tool": "reminder.create", "args": {"at": "x", "text": "$c.output"}},
+            {"step_id": "d", "tool": "order.query", "when": "steps.a.output =="},
         ],
         "context": {"n": float("-inf")},
     }
     problems = problems_of(body)
     expected = {
-        ("/goal", "invalid_type"),
-        ("/mystery", "unknown_field"),
         ("/steps/0/args/city", "invalid_arguments"),
         ("/steps/1/tool", "unknown_tool"),
         ("/steps/1/depends_on/1", "unknown_dependency"),
-        ("/steps/1/depends_on/2", "invalid_type"),
         ("/steps/2/step_id", "duplicate_step_id"),
-        ("/steps/2/colour", "unknown_field"),
         ("/steps/2/args/text", "unknown_reference"),
-        ("/steps/3/step_id", "missing_field"),
-        ("/steps/3/args", "invalid_type"),
         ("/steps/3/when", "invalid_condition"),
-        ("/steps/4", "invalid_type"),
+        ("/steps/3/args", "invalid_arguments"),
         ("/context/n", "invalid_number"),
         ("/steps/0/depends_on/0", "cycle"),
     }
@@ -562,7 +580,7 @@ def test_openai_tool_calls() -> None:
         "context": {"user": "u1"},
     }
     plan = parse_plan(body, CATALOG)
-    assert plan.source == "openai"
+    assert plan.source == "openai_chat"
     assert plan.goal is None
     assert [(s.step_id, s.tool, s.depends_on) for s in plan.steps] == [
         ("call_1", "weather.forecast", ()),
@@ -572,37 +590,56 @@ def test_openai_tool_calls() -> None:
     assert plan.context == {"user": "u1"}
 
 
-def test_openai_problems() -> None:
+def test_openai_problems_of_shape_refuse_the_turn() -> None:
     body = {
         "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "weather_forecast", "arguments": "{not json"},
-            },
-            {"id": "call_1", "type": "function", "function": {"name": "ghost", "arguments": "{}"}},
-            {
-                "id": "call_3",
-                "type": "custom",
-                "function": {"name": "order_query", "arguments": '{"order_id": 5}'},
-            },
-            {"id": "call_4", "function": {"name": "order_query", "arguments": "[1]", "x": 1}},
+            {"id": "call_1", "type": "custom", "function": {"name": "order_query"}},
+            {"type": "function", "function": {"name": "order_query", "arguments": "{}"}},
+            {"id": "call_3", "function": {"arguments": "{}"}},
         ],
         "goal": "g",
     }
-    problems = problems_of(body)
-    assert pairs(problems) == {
-        ("/tool_calls/0/function/arguments", "invalid_arguments"),
-        ("/tool_calls/1/id", "duplicate_step_id"),
-        ("/tool_calls/1/function/name", "unknown_tool"),
-        ("/tool_calls/2/type", "invalid_type"),
-        ("/tool_calls/2/function/arguments", "invalid_arguments"),
-        ("/tool_calls/3/function/arguments", "invalid_type"),
-        ("/tool_calls/3/function/x", "unknown_field"),
+    assert pairs(problems_of(body)) == {
+        ("/tool_calls/0/type", "invalid_type"),
+        ("/tool_calls/1/id", "missing_field"),
+        ("/tool_calls/2/function/name", "missing_field"),
         ("/goal", "unknown_field"),
     }
-    schema_problem = next(p for p in problems if p.pointer == "/tool_calls/2/function/arguments")
-    assert schema_problem.detail.startswith("at /order_id: 5 is not of type 'string'")
+
+
+OPENAI_CALLS: list[dict[str, Any]] = [
+    {"id": "call_1", "function": {"name": "weather_forecast", "arguments": "{not json"}},
+    {"id": "call_2", "function": {"name": "ghost", "arguments": "{}"}},
+    {"id": "call_3", "function": {"name": "order_query", "arguments": '{"order_id": 5}'}},
+    {"id": "call_4", "function": {"name": "order_query", "arguments": "[1]", "x": 1}},
+    {"id": "call_5", "function": {"name": "order_query", "arguments": '{"order_id": "o1"}'}},
+]
+
+
+def test_openai_problems_of_one_call_refuse_only_that_call() -> None:
+    plan = parse_plan({"tool_calls": OPENAI_CALLS}, CATALOG)
+    assert [s.step_id for s in plan.steps] == ["call_5"]
+    refused = {r.step_id: r for r in plan.refused}
+    assert {k: [(p.pointer, p.code) for p in r.problems] for k, r in refused.items()} == {
+        "call_1": [("/tool_calls/0/function/arguments", "invalid_arguments")],
+        "call_2": [("/tool_calls/1/function/name", "unknown_tool")],
+        "call_3": [("/tool_calls/2/function/arguments", "invalid_arguments")],
+        "call_4": [("/tool_calls/3/function/arguments", "invalid_arguments")],
+    }
+    assert refused["call_2"].tool_version == ""
+    assert refused["call_3"].tool == "order.query"
+    assert refused["call_3"].problems[0].detail.startswith("at /order_id: 5 is not of type")
+
+
+def test_openai_problems_with_atomic_refuse_the_turn() -> None:
+    with pytest.raises(PlanInvalidError) as info:
+        parse_plan({"tool_calls": OPENAI_CALLS}, CATALOG, atomic=True)
+    assert pairs(info.value.problems) == {
+        ("/tool_calls/0/function/arguments", "invalid_arguments"),
+        ("/tool_calls/1/function/name", "unknown_tool"),
+        ("/tool_calls/2/function/arguments", "invalid_arguments"),
+        ("/tool_calls/3/function/arguments", "invalid_arguments"),
+    }
 
 
 def test_validate_resolved_args() -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import os
 from http import HTTPStatus
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from agent_reach_controller.api import executors, media, replay, tools
+from agent_reach_controller.api import executors, media, openapi, replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -26,6 +27,7 @@ from agent_reach_controller.api.problems import (
 from agent_reach_controller.api.tasks import (
     BadJsonError,
     BodyTooLargeError,
+    NotATurnError,
     TooManyInFlightError,
     components,
 )
@@ -57,7 +59,16 @@ async def healthz() -> dict[str, str | int]:
     return {"status": "ok", "process": os.getpid()}
 
 
-@meta.get("/readyz", summary="Readiness: storage answers", responses=problem_responses(503))
+class Ready(BaseModel):
+    status: Literal["ready"]
+
+
+@meta.get(
+    "/readyz",
+    summary="Readiness: storage answers",
+    response_model=Ready,
+    responses=problem_responses(503),
+)
 async def readyz(deps: Deps) -> Response:
     if deps.stopping:
         return problem_response(
@@ -243,6 +254,10 @@ def _install_error_handlers(app: FastAPI) -> None:
             404, code="not_found", title="No such step", detail=f"no step {exc.args[0]!r}"
         )
 
+    @app.exception_handler(NotATurnError)
+    async def not_a_turn(_: Request, exc: NotATurnError) -> Response:
+        return problem_response(409, code=exc.code, title=exc.title, detail=str(exc))
+
     @app.exception_handler(StepNotResolvableError)
     async def not_resolvable(_: Request, exc: StepNotResolvableError) -> Response:
         return problem_response(
@@ -302,6 +317,7 @@ def create_app(components_: Components) -> FastAPI:
         # dependency solving and the endpoint would double the spans of every call for nothing
         # a trace reader needs (ours name the work: submit_task, validate_plan, store_task).
         telemetry={"operation_spans": False},
+        generate_unique_id_function=openapi.operation_id,
     )
     app.state.components = components_
     app.include_router(meta)
@@ -316,4 +332,5 @@ def create_app(components_: Components) -> FastAPI:
     _install_auth_handlers(app)
     tools.install_handlers(app)
     _install_fallback_handlers(app)
+    openapi.install(app)
     return app

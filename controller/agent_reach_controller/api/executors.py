@@ -119,7 +119,6 @@ def _components(request: Request) -> Components:
     status_code=201,
     response_model=PoolTokenCreated,
     responses=problem_responses(400),
-    operation_id="createExecutorToken",
 )
 async def create_token(body: PoolTokenIn, request: Request, who: Caller) -> PoolTokenCreated:
     deps = _components(request)
@@ -134,7 +133,7 @@ async def create_token(body: PoolTokenIn, request: Request, who: Caller) -> Pool
     return PoolTokenCreated(**PoolTokenOut.of(info).model_dump(), token=token)
 
 
-@tokens_router.get("", response_model=PoolTokenPage, operation_id="listExecutorTokens")
+@tokens_router.get("", response_model=PoolTokenPage)
 async def list_tokens(request: Request, who: Caller) -> PoolTokenPage:
     deps = _components(request)
     require_admin(deps, who)
@@ -145,7 +144,6 @@ async def list_tokens(request: Request, who: Caller) -> PoolTokenPage:
     "/{token_id}",
     status_code=204,
     responses=problem_responses(404),
-    operation_id="revokeExecutorToken",
 )
 async def revoke_token(token_id: str, request: Request, who: Caller) -> Response:
     """Revoke a token: its sessions end and what they run goes back to the queue at once."""
@@ -162,7 +160,7 @@ async def revoke_token(token_id: str, request: Request, who: Caller) -> Response
     return Response(status_code=204)
 
 
-@fleet_router.get("", response_model=ExecutorPage, operation_id="listExecutors")
+@fleet_router.get("", response_model=ExecutorPage)
 async def list_executors(request: Request, who: Caller, ended: bool = False) -> ExecutorPage:
     """Executor sessions (live ones; `?ended=true` adds those that ended lately)."""
     deps = _components(request)

@@ -9,17 +9,13 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from agent_reach_controller.api.schemas import Problem
-
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for these statuses: each is problem+json (never application/json)."""
-    return {
-        code: {"content": {PROBLEM_MEDIA_TYPE: {"schema": Problem.model_json_schema()}}}
-        for code in codes
-    }
+    schema = {"$ref": "#/components/schemas/Problem"}  # added by api/openapi.py
+    return {code: {"content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}} for code in codes}
 
 
 # Any /v1 route: no or a bad key (401), roles that do not allow it (403), a request that does not

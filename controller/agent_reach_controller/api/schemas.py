@@ -3,50 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from agent_reach_controller.planning.shapes import MAX_CAPS
-from agent_reach_controller.tools.catalog import EFFECT_CLASS, MAX_UNITS
-
-
-class StepIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    step_id: str = Field(description="Unique within the plan", examples=["weather"])
-    tool: str = Field(description="Tool name", examples=["weather.forecast"])
-    args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Arguments; a whole string `$<step_id>.output[.path]` is replaced by that "
-        "step's output",
-    )
-    depends_on: list[str] = Field(default_factory=list)
-    when: str | None = Field(None, description="CEL condition over `steps` and `context`")
-    retry: dict[str, Any] | None = Field(
-        None, description="Overrides of the tool's retry policy for this step, field by field"
-    )
-    timeouts: TimeoutsIn | None = Field(
-        None, description="This step's own timeouts, each replacing the tool's"
-    )
-    priority: int | None = Field(
-        None, ge=-1000, le=1000, description="Dispatch priority (higher first); default the plan's"
-    )
-
-
-class TimeoutsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    timeout: float | str | None = Field(
-        None, description="start_to_close of one attempt: seconds or e.g. '30s'"
-    )
-    schedule_to_start: float | str | None = Field(
-        None, description="Longest wait in the queue for an executor, per attempt"
-    )
-    schedule_to_close: float | str | None = Field(
-        None, description="The whole step, retries and waits included"
-    )
-    heartbeat: float | str | None = Field(
-        None, description="Longest silence of a running call before it is stopped as hung"
-    )
 
 
 class ApprovalIn(BaseModel):
@@ -60,63 +19,6 @@ class ApprovalIn(BaseModel):
         description="Approve these arguments instead (checked against the tool's schema; the "
         "event log keeps both versions)",
     )
-
-
-class BudgetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_attempts: int | None = Field(
-        None, ge=1, description="Attempts all steps together may use, first attempts included"
-    )
-
-
-# {effect class: units}: the most the whole task may use of each (planning/effects.py).
-Caps = Annotated[
-    dict[Annotated[str, Field(pattern=EFFECT_CLASS)], Annotated[float, Field(ge=0, le=MAX_UNITS)]],
-    Field(max_length=MAX_CAPS, json_schema_extra={"additionalProperties": False}),
-]
-CAPS_FIELD: Any = Field(
-    None,
-    description="Blast-radius caps: the most units of each class of side effects (as tools "
-    'declare them in `effects`, and `cost`) the whole task may use, e.g. {"payment": 1}. A '
-    "step that would go over is not run (cap_exceeded); a plan whose unconditional steps "
-    "already need more is refused at submit",
-)
-
-
-class PlanIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    goal: str | None = None
-    steps: list[StepIn]
-    context: dict[str, Any] = Field(default_factory=dict)
-    deadline_seconds: float | None = Field(
-        None, gt=0, description="End the task, with receipts, this long after it is accepted"
-    )
-    budget: BudgetIn | None = None
-    priority: int = Field(
-        0, ge=-1000, le=1000, description="Dispatch priority of the steps (higher first)"
-    )
-    caps: Caps | None = CAPS_FIELD
-
-
-class FunctionCallIn(BaseModel):
-    name: str
-    arguments: str | dict[str, Any] = Field(description="JSON-encoded arguments")
-
-
-class ToolCallIn(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-class ToolCallsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    tool_calls: list[ToolCallIn]
-    context: dict[str, Any] = Field(default_factory=dict)
-    deadline_seconds: float | None = Field(None, gt=0)
-    budget: BudgetIn | None = None
-    priority: int = Field(0, ge=-1000, le=1000)
-    caps: Caps | None = CAPS_FIELD
 
 
 class TaskAccepted(BaseModel):
@@ -149,6 +51,37 @@ class ToolMessage(BaseModel):
     content: str
 
 
+class PendingCall(BaseModel):
+    """A call of a model's turn that has no reply yet: it is still running, queued or waiting."""
+
+    call_id: str
+    status: str
+    waiting_for: Literal["approval", "dependencies", "executor", "start", "operator"] = Field(
+        description="approval: a person must decide (see `approvers`); executor: queued or "
+        "running; start: a backoff or hold before it may run; operator: its outcome is unknown "
+        "and someone must resolve it"
+    )
+    approvers: list[str] | None = Field(
+        None, description="For approval: the roles that may decide on this tool"
+    )
+    decide_by: datetime | None = Field(None, description="For approval: when it expires")
+    replies_url: str = Field(description="Where the replies are, once it has one")
+
+
+class TurnReplies(BaseModel):
+    """A model's turn answered in its own dialect: what to append to the conversation, and the
+    calls that have no reply yet (append the replies once `pending` is empty)."""
+
+    task_id: str
+    status: str
+    dialect: str
+    replies: list[dict[str, Any]] = Field(
+        description="openai_chat: `role: tool` messages; openai_responses: "
+        "`function_call_output` items; anthropic: one user message of `tool_result` blocks"
+    )
+    pending: list[PendingCall]
+
+
 class CapUse(BaseModel):
     limit: float | None = Field(
         description="The task's own cap (null when only its tenant's policy caps the class)"
@@ -178,13 +111,18 @@ class TaskOut(BaseModel):
     trace_id: str
     status: str
     goal: str | None
-    source: str
+    source: str = Field(description="The dialect it was submitted in")
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
     steps: list[StepOut]
     tool_messages: list[ToolMessage] | None = Field(
-        None, description="For tool_calls submissions: one tool message per finished call"
+        None,
+        description="For OpenAI Chat submissions: one tool message per finished call (as "
+        "in `turn.replies`)",
+    )
+    turn: TurnReplies | None = Field(
+        None, description="For a model's turn (not a plan): the replies in its own dialect"
     )
     caps: dict[str, CapUse] | None = Field(
         None, description="Blast-radius caps on the task and what it used of each class"
@@ -241,13 +179,23 @@ class ResolveIn(BaseModel):
     output: Any = Field(None, description="The step's output, for `succeeded`")
 
 
+class ProblemItem(BaseModel):
+    pointer: str = Field(description="RFC 6901 JSON pointer into the request ('' for all of it)")
+    code: str = Field(description="A stable code to switch on")
+    detail: str
+
+
 class Problem(BaseModel):
+    """An RFC 9457 problem document: every error this API answers has this shape."""
+
     type: str
     title: str
     status: int
     detail: str
-    code: str
-    errors: list[dict[str, Any]] | None = None
+    code: str = Field(description="A stable code to switch on")
+    errors: list[ProblemItem] | None = Field(
+        None, description="Each problem of the request, where it is"
+    )
 
 
 class StepOutput(BaseModel):

@@ -8,16 +8,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent_reach import telemetry
 from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
-from agent_reach_controller.api import events, schemas
+from agent_reach_controller.api import events, openapi, schemas
 from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
-from agent_reach_controller.api.views import task_out
+from agent_reach_controller.api.views import Approvers, task_out, turn_replies
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
+from agent_reach_controller.planning.dialects import DialectName
 from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import redact_output
@@ -38,21 +40,7 @@ async def components(request: Request) -> Components:
 
 Deps = Annotated[Components, Depends(components)]
 
-SUBMIT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "oneOf": [
-                        {"$ref": "#/components/schemas/PlanIn"},
-                        {"$ref": "#/components/schemas/ToolCallsIn"},
-                    ]
-                }
-            }
-        },
-    }
-}
+SUBMIT_BODY = {"requestBody": openapi.submit_body()}
 PROBLEMS = problem_responses(400, 404, 409, 413, 429)
 # Routes with a JSON body: also 415 for a body of another media type.
 BODY_PROBLEMS = {**PROBLEMS, **problem_responses(415)}
@@ -66,22 +54,36 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _validate(deps: Components, who: Principal, body: Any) -> tuple[Plan, int]:
+async def _validate(
+    deps: Components, who: Principal, body: Any, to: Acceptance
+) -> tuple[Plan, int]:
     """The plan checked against the catalogue this replica holds, and that catalogue's revision
     (the submit transaction checks it is still current); PlanInvalidError → 422, every problem.
 
-    A refused plan is checked once more if the catalogue moved meanwhile: it may name a tool
-    another replica has just created, enabled or changed.
+    A refused plan, or a turn with a refused call, is checked once more if the catalogue moved
+    meanwhile: it may name a tool another replica has just created, enabled or changed.
     """
+
+    def permits(tool: str) -> bool:
+        return deps.policy.allows(who.roles, Action.SUBMIT, tool)
+
+    def parse() -> Plan:
+        return parse_plan(body, deps.catalog, dialect=to.dialect, atomic=to.atomic, permits=permits)
+
     revision = deps.registry.revision
     try:
-        plan = parse_plan(body, deps.catalog)
+        plan = parse()
     except PlanInvalidError:
         await deps.registry.refresh()
         if deps.registry.revision == revision:
             raise
         revision = deps.registry.revision
-        plan = parse_plan(body, deps.catalog)
+        plan = parse()
+    if plan.refused:
+        await deps.registry.refresh()
+        if deps.registry.revision != revision:
+            revision = deps.registry.revision
+            plan = parse()
     for tool in sorted({s.tool for s in plan.steps}):
         require(deps, who, Action.SUBMIT, tool)
     return plan, revision
@@ -95,6 +97,8 @@ class Acceptance:
     trace_id: str
     parent_span_id: str | None  # stored with the task (the caller's span, or the original run's)
     idempotency_key: str | None = None
+    dialect: str | None = None  # None: recognised from the body
+    atomic: bool = False  # a model's turn refused whole for one bad call, as a plan is
 
 
 async def accept_plan(
@@ -106,8 +110,14 @@ async def accept_plan(
     validate and store spans under it.
     """
     root = telemetry.task_span_id(to.task_id)
-    with telemetry.span(telemetry.VALIDATE, trace_id=to.trace_id, parent_span_id=root):
-        plan, revision = await _validate(deps, who, body)
+    with telemetry.span(telemetry.VALIDATE, trace_id=to.trace_id, parent_span_id=root) as span:
+        plan, revision = await _validate(deps, who, body, to)
+        span.set_attribute("agent_reach.dialect", plan.source)
+        for call in plan.refused:  # each stored as a failed step, its reply an error
+            span.add_event(
+                "call_refused",
+                {"agent_reach.step_id": call.step_id, "agent_reach.error_code": call.code.value},
+            )
         per_caller = deps.settings.max_tasks_in_flight_per_principal
         if per_caller is not None:
             in_flight = await deps.queries.in_flight(who.tenant, who.name, up_to=per_caller)
@@ -133,7 +143,7 @@ async def accept_plan(
             submitted = await deps.intake.submit(submit)
         except CatalogChangedError:  # another replica changed a tool: validate again
             await deps.registry.refresh()
-            plan, _ = await _validate(deps, who, body)  # the same body: the same number of steps
+            plan, _ = await _validate(deps, who, body, to)  # the same body: as many steps
             submitted = await deps.intake.submit(replace(submit, plan=plan, catalog_revision=None))
         admitted.keep = submitted.created
     return submitted, len(plan.steps)
@@ -189,19 +199,43 @@ class BadJsonError(Exception):
     """The body is not JSON."""
 
 
+class NotATurnError(Exception):
+    """Replies were asked of a task submitted as a plan."""
+
+    code = "not_a_turn"
+    title = "The task is a plan, not a model's turn"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id} was submitted as a plan: read its receipts in its steps")
+
+
+class SubmitQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    wait: float = Field(0, ge=0, le=3600, description="Seconds to wait for the end")
+    dialect: DialectName | None = Field(
+        None, description="The body's dialect, when it cannot be told from the body"
+    )
+    atomic: bool = Field(
+        False,
+        description="A model's turn: refuse it whole (422) for one bad call, as a plan is, "
+        "instead of answering that call with an error reply",
+    )
+
+
 @router.post(
     "",
     status_code=202,
     response_model=schemas.TaskAccepted | schemas.TaskOut,
     responses=SUBMIT_RESPONSES,
     openapi_extra=SUBMIT_BODY,
-    summary="Submit a plan or a list of OpenAI tool calls",
+    summary="Submit a plan, or a model's turn (OpenAI Chat or Responses, Anthropic)",
 )
 async def submit_task(
     request: Request,
     deps: Deps,
     who: Caller,
-    wait: Annotated[float, Query(ge=0, le=3600, description="Seconds to wait for the end")] = 0,
+    ask: Annotated[SubmitQuery, Query()],
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
     traceparent: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -228,6 +262,8 @@ async def submit_task(
                 trace_id=trace_id,
                 parent_span_id=parent[1] if parent else None,
                 idempotency_key=idempotency_key,
+                dialect=ask.dialect,
+                atomic=ask.atomic,
             ),
         )
         current.set_attribute(telemetry.TASK_ID, submitted.task_id)
@@ -235,12 +271,12 @@ async def submit_task(
         if not submitted.created:
             current.set_attribute("agent_reach.idempotent_replay", True)
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
-    if wait > 0:
+    if ask.wait > 0:
         view = await deps.queries.wait(
-            submitted.task_id, within=min(wait, deps.settings.max_wait_seconds)
+            submitted.task_id, within=min(ask.wait, deps.settings.max_wait_seconds)
         )
         status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
-        out = task_out(view, budget=deps.settings.receipt_budget_chars)
+        out = task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
         return JSONResponse(out.model_dump(mode="json"), status_code=status, headers=headers)
     accepted = schemas.TaskAccepted(
         task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status
@@ -251,7 +287,35 @@ async def submit_task(
 @router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def get_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
     view = await deps.queries.get(task_id, tenant=who.tenant)
-    return task_out(view, budget=deps.settings.receipt_budget_chars)
+    return task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
+
+
+def approvers(deps: Components) -> Approvers:
+    """Who may decide on a tool's steps, as a pending call says."""
+    return lambda tool: deps.policy.roles_allowed(Action.APPROVE, tool)
+
+
+@router.get(
+    "/{task_id}/replies",
+    response_model=schemas.TurnReplies,
+    responses=PROBLEMS,
+    summary="A model's turn answered in its own dialect (after a 202, until nothing is pending)",
+)
+async def get_turn_replies(
+    task_id: str,
+    deps: Deps,
+    who: Caller,
+    wait: Annotated[float, Query(ge=0, le=3600, description="Seconds to wait for the end")] = 0,
+) -> schemas.TurnReplies:
+    await deps.queries.check_tenant(task_id, who.tenant)
+    if wait > 0:
+        view = await deps.queries.wait(task_id, within=min(wait, deps.settings.max_wait_seconds))
+    else:
+        view = await deps.queries.get(task_id, tenant=who.tenant)
+    turn = turn_replies(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
+    if turn is None:
+        raise NotATurnError(task_id)
+    return turn
 
 
 @router.get("", response_model=schemas.TaskPage, responses=PROBLEMS)
@@ -411,6 +475,7 @@ async def task_trace(task_id: str, deps: Deps, who: Caller) -> dict[str, Any]:
 __all__ = [
     "BadJsonError",
     "BodyTooLargeError",
+    "NotATurnError",
     "TooManyInFlightError",
     "problem_response",
     "router",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from fastapi import APIRouter, FastAPI, Header, Query, Request
@@ -29,6 +29,7 @@ from agent_reach_controller.services.registry import (
     ToolHead,
     ToolNotFoundError,
 )
+from agent_reach_controller.tools import shapes
 from agent_reach_controller.tools.catalog import ToolSpec
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=V1_PROBLEMS)
@@ -49,6 +50,52 @@ TOOLS_DOCUMENT = {
 }
 
 
+class ChatFunctionDefinition(BaseModel):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ChatTool(BaseModel):
+    """An OpenAI Chat Completions `tools` entry."""
+
+    type: Literal["function"]
+    function: ChatFunctionDefinition
+
+
+class ResponsesTool(BaseModel):
+    """An OpenAI Responses `tools` entry; `strict` where the input schema allows it."""
+
+    type: Literal["function"]
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool
+
+
+class AnthropicTool(BaseModel):
+    """An Anthropic Messages `tools` entry."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class McpToolAnnotations(BaseModel):
+    readOnlyHint: bool
+    destructiveHint: bool
+    idempotentHint: bool
+
+
+class McpTool(BaseModel):
+    """An MCP `tools/list` entry, with the tool's own (dotted) name."""
+
+    name: str
+    description: str
+    inputSchema: dict[str, Any]
+    annotations: McpToolAnnotations
+
+
 class ToolOut(BaseModel):
     """A tool as the catalogue holds it now: its definition plus where it came from."""
 
@@ -59,6 +106,11 @@ class ToolOut(BaseModel):
     enabled: bool
     updated_by: str
     updated_at: datetime
+
+
+class Catalogue(BaseModel):
+    tools: list[ToolOut]
+    revision: int = Field(description="The catalogue's revision (it moves with every change)")
 
 
 class ToolChangeOut(BaseModel):
@@ -135,22 +187,34 @@ async def _visible_head(deps: Components, who: Principal, name: str) -> ToolHead
     return head
 
 
-@router.get("", summary="The tool catalogue, natively or as a model's tool list")
+@router.get(
+    "",
+    summary="The tool catalogue, natively or as a model API's tool list",
+    response_model=Catalogue
+    | list[ChatTool]
+    | list[ResponsesTool]
+    | list[AnthropicTool]
+    | list[McpTool],
+)
 async def list_tools(
     deps: Deps,
     who: Caller,
-    format: Annotated[str, Query(pattern="^(native|openai|anthropic)$")] = "native",
+    format: Annotated[
+        shapes.Format,
+        Query(
+            description="native: definitions; openai_chat (also `openai`), openai_responses, "
+            "anthropic, mcp: the tools list that API takes"
+        ),
+    ] = "native",
     include_disabled: Annotated[
         bool, Query(description="Also disabled tools (native format, tools you administer)")
     ] = False,
-) -> Any:
+) -> Response:
     """Only the tools the caller may submit: a model is never shown what it cannot run."""
     await deps.registry.refresh()
     mine = deps.catalog.only(lambda t: deps.policy.allows(who.roles, Action.SUBMIT, t.name))
-    if format == "openai":
-        return mine.to_openai()
-    if format == "anthropic":
-        return mine.to_anthropic()
+    if format != "native":
+        return JSONResponse(shapes.tool_list(mine.enabled(), format))
     heads = deps.registry.heads
     shown = [
         _out(heads[t.name])
@@ -158,7 +222,7 @@ async def list_tools(
         if (t.enabled and t.name in mine)
         or (include_disabled and deps.policy.allows(who.roles, Action.ADMIN, t.name))
     ]
-    return {"tools": shown, "revision": deps.registry.revision}
+    return JSONResponse({"tools": shown, "revision": deps.registry.revision})
 
 
 @router.get("/breakers", summary="Circuit breaker state of every tool that has one")
@@ -308,7 +372,15 @@ async def tool_version(name: str, version: str, deps: Deps, who: Caller) -> dict
 
 @catalogue.get(
     "/tools:export",
-    responses={200: {"content": {"application/yaml": {}}}},
+    responses={
+        200: {
+            "content": {
+                "application/json": {"schema": TOOLS_DOCUMENT},
+                "application/yaml": {"schema": TOOLS_DOCUMENT},
+            }
+        }
+    },
+    response_class=JSONResponse,
     summary="The catalogue as a tools YAML file (what `:import` and --tools read)",
 )
 async def export_tools(

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
+from agent_reach.states import TERMINAL_STEP_STATES, StepStatus
 from agent_reach_controller.api import schemas
+from agent_reach_controller.planning.dialects import Answer, dialect_named
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.queries import TaskView
 
+# The roles that may approve a tool's steps (to say who must decide on a pending call).
+Approvers = Callable[[str], list[str]]
 
-def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
+
+def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None) -> schemas.TaskOut:
     task = view.task
     steps = [
         schemas.StepOut(
@@ -31,20 +38,10 @@ def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
         )
         for s in view.steps
     ]
+    turn = turn_replies(view, budget=budget, approvers=approvers)
     messages = None
-    if task.source == "openai":
-        messages = [
-            schemas.ToolMessage(
-                tool_call_id=s.step_id,
-                content=render_receipt_dict(
-                    s.receipt,
-                    budget=budget,
-                    handle=output_handle(task.task_id, s.step_id),
-                ),
-            )
-            for s in view.steps
-            if s.receipt is not None
-        ]
+    if turn is not None and turn.dialect == "openai_chat":
+        messages = [schemas.ToolMessage.model_validate(r) for r in turn.replies]
     return schemas.TaskOut(
         task_id=task.task_id,
         trace_id=task.trace_id,
@@ -56,6 +53,7 @@ def task_out(view: TaskView, *, budget: int) -> schemas.TaskOut:
         finished_at=task.finished_at,
         steps=steps,
         tool_messages=messages,
+        turn=turn,
         caps=_caps(view),
         usage=_usage(view),
     )
@@ -81,3 +79,52 @@ def _usage(view: TaskView) -> schemas.TaskUsage:
         tool_calls=view.tool_calls,
         duration_ms=max(0, int((end - task.created_at).total_seconds() * 1000)),
     )
+
+
+def turn_replies(
+    view: TaskView, *, budget: int, approvers: Approvers | None = None
+) -> schemas.TurnReplies | None:
+    """A model's turn answered in its dialect: a reply per ended call (its receipt as the model
+    reads it), the others pending. None for a plan."""
+    task = view.task
+    dialect = dialect_named(task.source)
+    if not dialect.per_call:
+        return None
+    url = f"/v1/tasks/{task.task_id}/replies"
+    now = datetime.now(UTC)
+    answers, pending = [], []
+    for s in sorted(view.steps, key=lambda s: s.position):
+        if s.status in TERMINAL_STEP_STATES and s.receipt is not None:
+            text = render_receipt_dict(
+                s.receipt, budget=budget, handle=output_handle(task.task_id, s.step_id)
+            )
+            answers.append(
+                Answer(call_id=s.step_id, text=text, is_error=s.status != StepStatus.SUCCEEDED)
+            )
+            continue
+        asking = s.status == StepStatus.AWAITING_APPROVAL
+        held = s.status == StepStatus.READY and s.not_before is not None and s.not_before > now
+        pending.append(
+            schemas.PendingCall(
+                call_id=s.step_id,
+                status=s.status,
+                waiting_for="start" if held else _WAITING_FOR.get(s.status, "executor"),
+                approvers=approvers(s.tool) if asking and approvers is not None else None,
+                decide_by=s.decide_by if asking else None,
+                replies_url=url,
+            )
+        )
+    return schemas.TurnReplies(
+        task_id=task.task_id,
+        status=task.status,
+        dialect=dialect.name,
+        replies=dialect.replies(answers),
+        pending=pending,
+    )
+
+
+_WAITING_FOR: dict[StepStatus, Any] = {
+    StepStatus.AWAITING_APPROVAL: "approval",
+    StepStatus.BLOCKED: "dependencies",
+    StepStatus.OUTCOME_UNKNOWN: "operator",
+}

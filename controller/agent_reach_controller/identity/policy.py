@@ -90,6 +90,10 @@ class Policy(BaseModel):
                     return True
         return False
 
+    def roles_allowed(self, action: Action, tool: str) -> list[str]:
+        """The roles that may take `action` on `tool`, sorted."""
+        return sorted(role for role in self.roles if self.allows([role], action, tool))
+
     def is_admin(self, roles: Iterable[str]) -> bool:
         return any(
             Action.ADMIN in g.actions and g.tools == "*"

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
+from agent_reach.errors import ErrorCode
 from agent_reach_controller.planning import effects, grounding
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,
     name_problems,
 )
+from agent_reach_controller.planning.dialects import StepDraft, read_turn
 from agent_reach_controller.planning.graph import Node, dependency_problems
 from agent_reach_controller.planning.limits import (
     DEFAULT_LIMITS,
@@ -34,16 +37,6 @@ from agent_reach_controller.planning.references import (
     unescape,
 )
 from agent_reach_controller.planning.schema import schema_problems, validate_resolved_args
-from agent_reach_controller.planning.shapes import (
-    StepDraft,
-    read_body,
-    read_budget,
-    read_caps,
-    read_context,
-    read_deadline,
-    read_goal,
-    read_priority,
-)
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolCatalog, ToolSpec
 
 __all__ = [
@@ -51,6 +44,7 @@ __all__ = [
     "PlanInvalidError",
     "PlannedStep",
     "Problem",
+    "RefusedCall",
     "parse_plan",
     "validate_resolved_args",
 ]
@@ -75,13 +69,53 @@ class PlannedStep:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RefusedCall:
+    """A call of a model's turn refused before it ran: stored as a failed step, so that the model
+    gets a reply for it and replay and audit see it. `tool_version` is "" when the tool is not in
+    the catalogue."""
+
+    step_id: str
+    tool: str
+    tool_version: str
+    connector: str
+    args: dict[str, Any]
+    position: int
+    pointer: str  # the call in the submitted body
+    args_pointer: str  # its arguments
+    problems: tuple[Problem, ...]
+
+    @property
+    def code(self) -> ErrorCode:
+        """The receipt's error code, from the first problem."""
+        return _REFUSAL_CODES.get(self.problems[0].code, ErrorCode.INVALID_ARGUMENTS)
+
+    def reason(self) -> str:
+        """Why, for the model: each problem, an argument's located inside the arguments."""
+        said = []
+        for p in self.problems:
+            inner = p.pointer[len(self.args_pointer) :]
+            at_arg = p.pointer.startswith(self.args_pointer + "/")
+            said.append(f"at {inner}: {p.detail}" if at_arg else p.detail)
+        return "refused before it ran: " + "; ".join(said)
+
+
+_REFUSAL_CODES: dict[str, ErrorCode] = {
+    P.UNKNOWN_TOOL: ErrorCode.TOOL_UNAVAILABLE,
+    P.TOOL_DISABLED: ErrorCode.TOOL_UNAVAILABLE,
+    P.FORBIDDEN: ErrorCode.FORBIDDEN,
+    P.CAP_EXCEEDED: ErrorCode.CAP_EXCEEDED,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
-    """A validated plan: steps in submission order, the task context and the submitted shape."""
+    """A validated plan: steps in submission order, the task context and the submitted dialect."""
 
     goal: str | None
     steps: tuple[PlannedStep, ...]
     context: dict[str, Any]
-    source: Literal["plan", "openai"]
+    source: str  # the dialect's name (planning/dialects)
+    refused: tuple[RefusedCall, ...] = ()
     deadline_s: float | None = None
     max_attempts: int | None = None
     # The most units of each class of side effects the task may use (see planning/effects.py).
@@ -92,8 +126,6 @@ def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
     seen: dict[str, int] = {}
     for draft in drafts:
         sid, where = draft.step_id, draft.pointers["step_id"]
-        if sid is None:
-            continue
         if not STEP_ID_PATTERN.match(sid):
             out.add(where, P.INVALID_STEP_ID, f"{sid!r:.80} must match {STEP_ID_PATTERN.pattern}")
         if sid in seen:
@@ -105,8 +137,6 @@ def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
 
 
 def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -> ToolSpec | None:
-    if draft.tool is None:
-        return None
     name = catalog.resolve_openai_name(draft.tool)
     spec = catalog.get(name) if name is not None else None
     if spec is None:
@@ -271,71 +301,144 @@ def _planned(
     )
 
 
-def parse_plan(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_LIMITS) -> Plan:
-    """Validate a submitted body (a plan or OpenAI tool calls) and return the Plan.
+def parse_plan(
+    body: Any,
+    catalog: ToolCatalog,
+    *,
+    limits: PlanLimits = DEFAULT_LIMITS,
+    dialect: str | None = None,
+    atomic: bool = False,
+    permits: Callable[[str], bool] | None = None,
+) -> Plan:
+    """Validate a submitted body (in `dialect`, or the one it is recognised as) into a Plan.
 
     Raises PlanInvalidError with every problem found (each with a JSON pointer into `body`).
+    In a model's turn (not a plan, and not `atomic`) a problem of one call refuses only that
+    call: it is in `Plan.refused`, to be stored as a failed step, and so is a call to a tool
+    `permits` does not allow.
     """
     out = ProblemCollector(limits.max_problems)
-    source, drafts = read_body(body, limits, out)
-    goal = read_goal(body, limits, out)
-    context = read_context(body, limits, out)
-    deadline_s = read_deadline(body, out)
-    max_attempts = read_budget(body, out)
-    caps = read_caps(body, out)
-    priority = (
-        read_priority(body["priority"], "/priority", out)
-        if isinstance(body, dict) and body.get("priority") is not None
-        else None
-    )
+    turn = read_turn(body, limits, out, dialect=dialect)
+    if turn is None:
+        raise PlanInvalidError(out.items)
+    drafts, options = turn.drafts, turn.options
+    _check_goal(turn.goal, limits, out)
+    context = _check_context(options.context, limits, out)
     _check_ids(drafts, out)
-    ids = {d.step_id for d in drafts if d.step_id is not None}
+    ids = {d.step_id for d in drafts}
     nodes = [
         Node(step_id=d.step_id, depends_on=tuple(d.depends_on), pointer=d.pointers["depends_on"])
         for d in drafts
-        if d.step_id is not None
     ]
     out.extend(dependency_problems(nodes))
-    specs: list[ToolSpec | None] = []
+    per_call = turn.dialect.per_call and not atomic
+    checked: list[_Checked] = []
     for draft in drafts:
-        spec = _check_tool(draft, catalog, out)
-        specs.append(spec)
-        _check_args(draft, spec, ids=ids, limits=limits, out=out)
-        _check_when(draft, ids, limits, out)
+        sink = ProblemCollector(limits.max_problems) if per_call else out
+        sink.extend(draft.problems)
+        spec = _check_tool(draft, catalog, sink)
+        _check_args(draft, spec, ids=ids, limits=limits, out=sink)
+        _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:
-            _check_grounding(draft, spec, context, out)
-    retries = [_step_retry(d, s, out) for d, s in zip(drafts, specs, strict=True)]
-    timeouts = [_step_timeouts(d, out) for d in drafts]
+            _check_grounding(draft, spec, context, sink)
+        if per_call and spec is not None and permits is not None and not permits(spec.name):
+            detail = f"you may not call tool {spec.name!r}"
+            sink.add(draft.pointers["tool"], P.FORBIDDEN, detail)
+        retry, timeouts = _step_retry(draft, spec, sink), _step_timeouts(draft, sink)
+        checked.append(_Checked(draft, spec, retry, timeouts, sink.items if per_call else []))
     if out.items:
         raise PlanInvalidError(out.items)
-    steps = tuple(
-        _planned(d, s, r, t, priority or 0)
-        for d, s, r, t in zip(drafts, specs, retries, timeouts, strict=True)
-        if s is not None
-    )
-    plan_source: Literal["plan", "openai"] = "openai" if source == "openai" else "plan"
-    if caps:
-        _check_caps(steps, catalog, caps, key="tool_calls" if source == "openai" else "steps")
+    steps = [
+        _planned(c.draft, c.spec, c.retry, c.timeouts, options.priority)
+        for c in checked
+        if c.spec is not None and not c.problems
+    ]
+    refused = {c.draft.step_id: c for c in checked if c.problems or c.spec is None}
+    caps = options.caps or None
+    if caps and steps:
+        problems = _cap_problems(steps, drafts, catalog, caps)
+        if problems and not per_call:
+            raise PlanInvalidError(problems)
+        over = {p.pointer for p in problems}
+        for c in checked:
+            if c.draft.base in over:
+                c.problems.extend(p for p in problems if p.pointer == c.draft.base)
+                refused[c.draft.step_id] = c
+        steps = [s for s in steps if s.step_id not in refused]
     return Plan(
-        goal=goal,
-        steps=steps,
+        goal=turn.goal,
+        steps=tuple(steps),
+        refused=tuple(_refusal(c) for c in checked if c.draft.step_id in refused),
         context=context,
-        source=plan_source,
-        deadline_s=deadline_s,
-        max_attempts=max_attempts,
+        source=turn.dialect.name,
+        deadline_s=options.deadline_seconds,
+        max_attempts=options.budget.max_attempts if options.budget else None,
         caps=caps,
     )
 
 
-def _check_caps(
-    steps: tuple[PlannedStep, ...], catalog: ToolCatalog, caps: dict[str, float], *, key: str
-) -> None:
-    """PlanInvalidError when the steps that must all run already need more than a cap allows."""
-    problems = effects.cap_problems(
+@dataclass(slots=True)
+class _Checked:
+    draft: StepDraft
+    spec: ToolSpec | None
+    retry: RetryPolicy | None
+    timeouts: Timeouts | None
+    problems: list[Problem]
+
+
+def _refusal(checked: _Checked) -> RefusedCall:
+    draft, spec = checked.draft, checked.spec
+    return RefusedCall(
+        step_id=draft.step_id,
+        tool=spec.name if spec is not None else draft.tool[:128],
+        tool_version=spec.version if spec is not None else "",
+        connector=spec.connector if spec is not None else "",
+        args=draft.args or {},
+        position=draft.position,
+        pointer=draft.base,
+        args_pointer=draft.pointers["args"],
+        problems=tuple(checked.problems),
+    )
+
+
+def _check_goal(goal: str | None, limits: PlanLimits, out: ProblemCollector) -> None:
+    if goal is not None and len(goal) > limits.max_goal_length:
+        out.add(
+            "/goal",
+            P.TOO_LARGE,
+            f"the goal is {len(goal):,} characters; the limit is {limits.max_goal_length:,}",
+        )
+
+
+def _check_context(
+    context: dict[str, Any], limits: PlanLimits, out: ProblemCollector
+) -> dict[str, Any]:
+    """The task context, checked for numbers, strings, depth and size."""
+    problems, within_depth = check_value(context, pointer="/context", limits=limits)
+    out.extend(problems)
+    if within_depth:
+        size = check_size(
+            context, pointer="/context", limit=limits.max_context_bytes, what="context"
+        )
+        if size is not None:
+            out.extend([size])
+    return context
+
+
+def _cap_problems(
+    steps: list[PlannedStep],
+    drafts: list[StepDraft],
+    catalog: ToolCatalog,
+    caps: dict[str, float],
+) -> list[Problem]:
+    """Problems of the steps that must all run and already need more than a cap allows (each
+    at its step's pointer)."""
+    base = {d.step_id: d.base for d in drafts}
+    return effects.cap_problems(
         [
             effects.StaticStep(
                 step_id=step.step_id,
-                pointer=f"/{key}/{step.position}",
+                pointer=base[step.step_id],
                 depends_on=step.depends_on,
                 conditional=step.when is not None,
                 charges=effects.known_charges(catalog[step.tool], step.args),
@@ -344,5 +447,3 @@ def _check_caps(
         ],
         caps,
     )
-    if problems:
-        raise PlanInvalidError(problems)

@@ -29,6 +29,8 @@ class ProblemCode(StrEnum):
     INVALID_NUMBER = "invalid_number"
     UNGROUNDED_ARGUMENT = "ungrounded_argument"
     CAP_EXCEEDED = "cap_exceeded"
+    # A call in a model's turn to a tool its caller may not use (a plan gets 403 instead).
+    FORBIDDEN = "forbidden"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,8 +15,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
-from agent_reach.states import StepStatus, TaskStatus
-from agent_reach_controller.planning.plan import Plan
+from agent_reach.states import StepStatus, TaskStatus, Transition
+from agent_reach_controller.decide.outcomes import terminal_values
+from agent_reach_controller.planning.plan import Plan, RefusedCall
 from agent_reach_controller.services.groups import GroupCommit, GroupFailed
 from agent_reach_controller.services.handoff import HandOff, HandOffRefused
 from agent_reach_controller.services.queries import read_view
@@ -26,6 +27,7 @@ from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.catalog import CatalogChangedError
+from agent_reach_controller.storage.records import StepChange
 
 
 class IdempotencyConflictError(Exception):
@@ -209,12 +211,14 @@ class IntakeService:
             target=f"task:{task_id}",
             data={"steps": len(data.plan.steps), "source": data.plan.source},
         )
+        new = writes_to.NewTask(
+            _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
+            _step_rows(data, task_id, trace_id, now, self._work.registry),
+        )
+        if data.plan.refused:
+            await new.change_steps(_refusals(new, data.plan, self._work.registry, now), now=now)
         advanced = await tx.create(
-            writes_to.NewTask(
-                _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
-                _step_rows(data, task_id, trace_id, now, self._work.registry),
-            ),
-            hand_off=self._hand_off.offer if hand_off and self._hand_off else None,
+            new, hand_off=self._hand_off.offer if hand_off and self._hand_off else None
         )
         return _Made(task_id, trace_id, advanced.task_status.get(task_id, TaskStatus.PENDING))
 
@@ -254,10 +258,43 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
     }
 
 
+def _refusals(
+    new: writes_to.NewTask, plan: Plan, registry: ToolRegistry, now: datetime
+) -> list[StepChange]:
+    """Each refused call's step (blocked, as inserted) failed, its receipt saying why."""
+    refused = {r.step_id: r for r in plan.refused}
+    changes = []
+    for key, row in new.rows():
+        call = refused.get(row["step_id"])
+        if call is None:
+            continue
+        step = new.step_row(key)
+        error = {"code": call.code.value, "message": call.reason(), "retryable": False}
+        values = terminal_values(
+            step,
+            tool=registry.get(call.tool, call.tool_version),
+            transition=Transition.FAIL,
+            now=now,
+            error=error,
+        )
+        problems = [
+            {"pointer": p.pointer, "code": p.code, "detail": p.detail} for p in call.problems
+        ]
+        changes.append(
+            StepChange(
+                step=step,
+                transition=Transition.FAIL,
+                values=values,
+                event_data={"error": error, "problems": problems},
+            )
+        )
+    return changes
+
+
 def _step_rows(
     data: SubmitInput, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
 ) -> list[dict[str, Any]]:
-    rows = []
+    rows = [_refused_row(call, data, task_id, trace_id, now) for call in data.plan.refused]
     for step in data.plan.steps:
         tool = registry.get(step.tool, step.tool_version)
         rows.append(
@@ -290,3 +327,32 @@ def _step_rows(
             }
         )
     return rows
+
+
+def _refused_row(
+    call: RefusedCall, data: SubmitInput, task_id: str, trace_id: str, now: datetime
+) -> dict[str, Any]:
+    """A refused call's step as inserted: blocked, about to fail (see `_refusals`)."""
+    return {
+        "task_id": task_id,
+        "step_id": call.step_id,
+        "position": call.position,
+        "trace_id": trace_id,
+        "tool": call.tool,
+        "tool_version": call.tool_version,
+        "connector": call.connector,
+        "args": call.args,
+        "depends_on": [],
+        "when_expr": None,
+        "status": StepStatus.BLOCKED,
+        "priority": 0,
+        "tenant": data.tenant,
+        "key_id": data.key_id,
+        "attempt": 1,
+        "max_attempts": 1,
+        "retry": None,
+        "timeouts": None,
+        "idempotency_key": step_idempotency_key(task_id, call.step_id),
+        "created_at": now,
+        "updated_at": now,
+    }

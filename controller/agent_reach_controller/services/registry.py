@@ -10,6 +10,7 @@ dispatch on, in every replica. Tasks keep the versions they were validated again
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -106,6 +107,16 @@ def _planned_update(old: ToolSpec, new: ToolSpec) -> Planned | None:
     return Planned(new.name, "update", new)
 
 
+# The version of a refused call's step whose tool is not in the catalogue (planning.RefusedCall).
+UNCATALOGUED = ""
+
+
+@functools.lru_cache(maxsize=1024)
+def uncatalogued(name: str) -> ToolSpec:
+    """A stand-in for a tool the catalogue does not have: only ever named by a failed step."""
+    return ToolSpec.model_construct(name=name, description="not in the catalogue", connector="-")
+
+
 class ToolRegistry:
     """Resolves (name, version) to a ToolSpec, and changes the live catalogue."""
 
@@ -158,7 +169,7 @@ class ToolRegistry:
         Inside a transaction, pass its `conn`: a second transaction would wait for the first on
         SQLite (one writer) and take a second pooled connection under row locks on Postgres.
         """
-        missing = [p for p in set(pairs) if p not in self._versions]
+        missing = [p for p in set(pairs) if p not in self._versions and p[1] != UNCATALOGUED]
         if not missing:
             return
         if conn is None:
@@ -171,10 +182,13 @@ class ToolRegistry:
                 self._versions[(name, version)] = ToolSpec.model_validate(spec, context=STORED)
 
     def get(self, name: str, version: str) -> ToolSpec:
-        """The exact version a step was validated against."""
+        """The exact version a step was validated against (for a refused call to a tool the
+        catalogue does not have, a stand-in that runs nothing)."""
         try:
             return self._versions[(name, version)]
         except KeyError:
+            if version == UNCATALOGUED:
+                return uncatalogued(name)
             raise UnknownToolVersionError(f"tool {name!r} version {version!r} is unknown") from None
 
     async def version(self, name: str, version: str) -> ToolSpec:

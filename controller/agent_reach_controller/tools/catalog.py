@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -48,7 +49,20 @@ def parse_duration(value: Any) -> Any:
     return value
 
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+# As published: seconds, or a string with a unit (what parse_duration reads).
+_DURATION_SCHEMA = {
+    "oneOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": _DURATION.pattern, "examples": ["500ms", "30s", "2m"]},
+    ],
+    "description": "Seconds, or a duration with a unit: ms, s, m, h",
+}
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(gt=0, allow_inf_nan=False),
+    WithJsonSchema(_DURATION_SCHEMA, mode="validation"),
+]
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 
@@ -67,7 +81,19 @@ def parse_rate(value: Any) -> Any:
     return value
 
 
-PerSecond = Annotated[float, BeforeValidator(parse_rate), Field(gt=0, allow_inf_nan=False)]
+_RATE_SCHEMA = {
+    "oneOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": _RATE.pattern, "examples": ["10/s", "600/m", "5000/h"]},
+    ],
+    "description": "Calls per second, or a rate per unit of time: /s, /m, /h",
+}
+PerSecond = Annotated[
+    float,
+    BeforeValidator(parse_rate),
+    Field(gt=0, allow_inf_nan=False),
+    WithJsonSchema(_RATE_SCHEMA, mode="validation"),
+]
 
 
 class RetryPolicy(BaseModel):
@@ -508,30 +534,6 @@ class ToolCatalog(Mapping[str, ToolSpec]):
             return name
         return self._by_openai.get(name)
 
-    def _exported(self, include_disabled: bool) -> list[ToolSpec]:
-        return [spec for spec in self._tools.values() if include_disabled or spec.enabled]
-
-    def to_openai(self, *, include_disabled: bool = False) -> list[dict[str, Any]]:
-        """Chat-completions `tools` entries; names mapped by `openai_name`."""
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": openai_name(spec.name),
-                    "description": spec.description,
-                    "parameters": spec.input_schema,
-                },
-            }
-            for spec in self._exported(include_disabled)
-        ]
-
-    def to_anthropic(self, *, include_disabled: bool = False) -> list[dict[str, Any]]:
-        """Anthropic Messages `tools` entries; names mapped by `openai_name`."""
-        return [
-            {
-                "name": openai_name(spec.name),
-                "description": spec.description,
-                "input_schema": spec.input_schema,
-            }
-            for spec in self._exported(include_disabled)
-        ]
+    def enabled(self) -> list[ToolSpec]:
+        """The tools that may be called, in definition order."""
+        return [spec for spec in self._tools.values() if spec.enabled]
