@@ -95,8 +95,9 @@ async def running_controller(
     await grpc_server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set("agent_reach.v1.ExecutorService", health_pb2.HealthCheckResponse.SERVING)
+    app = create_app(components)
     config = uvicorn.Config(
-        create_app(components),
+        app,
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -120,7 +121,7 @@ async def running_controller(
         extra={"event": "controller_started"},
     )
     try:
-        async with background(components):
+        async with background(components), app.state.mcp.running():
             yield components, bound
     finally:
         # Not ready from now on (HTTP and gRPC health), still serving for shutdown_delay: what

@@ -13,11 +13,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from agent_reach_controller.api import executors, media, openapi, replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
+from agent_reach_controller.api.mcp import McpGateway
 from agent_reach_controller.api.problems import (
     pointer_from_loc,
     problem_response,
@@ -333,4 +335,7 @@ def create_app(components_: Components) -> FastAPI:
     tools.install_handlers(app)
     _install_fallback_handlers(app)
     openapi.install(app)
+    # MCP Streamable HTTP (api/mcp.py): served while `app.state.mcp.running()` is entered.
+    app.state.mcp = McpGateway(components_)
+    app.router.routes.append(Route("/mcp", app.state.mcp, methods=["GET", "POST", "DELETE"]))
     return app

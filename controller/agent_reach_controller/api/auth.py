@@ -55,7 +55,12 @@ async def caller(
     _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
     _api_key: Annotated[str | None, Depends(_API_KEY)],
 ) -> Principal:
-    app_components: Components = request.app.state.components
+    components: Components = request.app.state.components
+    return await authenticate(components, request)
+
+
+async def authenticate(app_components: Components, request: Request) -> Principal:
+    """The principal of the request's API key; UnauthenticatedError without a valid one."""
     token = _token(request)
     if token is None:
         raise UnauthenticatedError("send an API key: Authorization: Bearer ark_…")

@@ -11,6 +11,7 @@ from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller
 from agent_reach_controller.api.problems import V1_PROBLEMS
 from agent_reach_controller.api.tasks import MAX_EVENTS, PROBLEMS, Acceptance, Deps, accept_plan
+from agent_reach_controller.planning.dialects import dialect_named
 from agent_reach_controller.replay import dry_run, timeline
 
 router = APIRouter(prefix="/v1/tasks", tags=["replay"], responses=V1_PROBLEMS)
@@ -73,7 +74,12 @@ async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
         parent_span_id=original,
         attributes={telemetry.TASK_ID: new_id, "agent_reach.rerun_of": task_id},
     ):
-        to = Acceptance(task_id=new_id, trace_id=view.task.trace_id, parent_span_id=original)
+        to = Acceptance(
+            task_id=new_id,
+            trace_id=view.task.trace_id,
+            parent_span_id=original,
+            dialect=dialect_named(view.task.source).name,
+        )
         submitted, _ = await accept_plan(deps, who, view.task.request, to)
     accepted = schemas.TaskAccepted(
         task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status

@@ -20,6 +20,7 @@ from agent_reach_controller.planning.dialects.base import (
     read_model,
     type_name,
 )
+from agent_reach_controller.planning.dialects.mcp import McpDialect
 from agent_reach_controller.planning.dialects.openai_chat import ChatDialect
 from agent_reach_controller.planning.dialects.openai_responses import ResponsesDialect
 from agent_reach_controller.planning.dialects.plan import PlanDialect
@@ -28,10 +29,11 @@ from agent_reach_controller.planning.problems import ProblemCode, ProblemCollect
 
 # In the order a body is recognised by.
 DIALECTS: dict[str, Dialect] = {
-    d.name: d for d in (PlanDialect(), ChatDialect(), ResponsesDialect(), AnthropicDialect())
+    d.name: d
+    for d in (PlanDialect(), ChatDialect(), ResponsesDialect(), AnthropicDialect(), McpDialect())
 }
 # The names, for the API's `dialect` parameter (a test keeps them equal to DIALECTS).
-DialectName = Literal["plan", "openai_chat", "openai_responses", "anthropic"]
+DialectName = Literal["plan", "openai_chat", "openai_responses", "anthropic", "mcp"]
 # Tasks stored before dialects had their own names.
 _STORED_AS = {"openai": "openai_chat"}
 
