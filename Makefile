@@ -22,12 +22,13 @@ help:
 setup: $(STAMP)
 
 # Pins come from requirements/dev.txt; the project itself is installed editable without deps.
-$(STAMP): pyproject.toml requirements/dev.txt
+$(STAMP): pyproject.toml controller/client/pyproject.toml requirements/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/dev.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e controller/client
 	touch $@
 
 # promtool (Debian's `prometheus` package) checks deploy/prometheus/ and a real /metrics scrape in

@@ -1,0 +1,184 @@
+"""The asyncio client: the same operations as `Client`, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, cast
+
+import httpx
+
+from agent_reach_client import _calls
+from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
+from agent_reach_client._sync import TERMINAL
+from agent_reach_client.errors import PendingCalls
+from agent_reach_client.types import Dialect, Event, Task, ToolFormat, Turn
+
+
+class AsyncClient:
+    """The controller's REST API for asyncio. `base_url` and `api_key` default to the
+    AGENT_REACH_URL and AGENT_REACH_API_KEY environment variables."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._settings = Settings.of(base_url, api_key, timeout, retries)
+        self._http = httpx.AsyncClient(
+            base_url=self._settings.base_url,
+            headers=self._settings.headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: Call, *, read_timeout: float | None = None) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._http.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    headers=call.headers,
+                    timeout=read_timeout or self._settings.timeout,
+                )
+            except httpx.TransportError:
+                delay = retry_delay(self._settings, attempt, None) if call.repeatable else None
+                if delay is None:
+                    raise
+            else:
+                delay = retry_delay(self._settings, attempt, response)
+                if delay is None:
+                    return result(response)
+            await asyncio.sleep(delay)
+
+    async def submit(
+        self,
+        body: Any,
+        *,
+        wait: float | None = None,
+        dialect: Dialect | None = None,
+        atomic: bool = False,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+    ) -> Task:
+        """See `Client.submit`."""
+        call = submit_call(
+            body,
+            wait=wait,
+            dialect=dialect,
+            atomic=atomic,
+            idempotency_key=idempotency_key,
+            traceparent=traceparent,
+        )
+        return cast(Task, await self._send(call, read_timeout=self._settings.timeout + (wait or 0)))
+
+    async def answer(
+        self,
+        turn: Any,
+        *,
+        within: float = 120.0,
+        dialect: Dialect | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """See `Client.answer`."""
+        deadline = time.monotonic() + within
+        accepted = await self.submit(
+            turn, dialect=dialect, idempotency_key=idempotency_key, wait=min(within, 30.0)
+        )
+        while True:
+            left = deadline - time.monotonic()
+            answered = await self.replies(accepted["task_id"], wait=max(0.0, min(left, 30.0)))
+            if not answered["pending"]:
+                return answered["replies"]
+            if left <= 0:
+                raise PendingCalls(accepted["task_id"], answered["pending"])
+
+    async def replies(self, task_id: str, *, wait: float | None = None) -> Turn:
+        read_timeout = self._settings.timeout + (wait or 0)
+        return cast(
+            Turn, await self._send(_calls.replies(task_id, wait), read_timeout=read_timeout)
+        )
+
+    async def task(self, task_id: str) -> Task:
+        return cast(Task, await self._send(_calls.task(task_id)))
+
+    async def wait(self, task_id: str, *, within: float = 120.0) -> Task:
+        """See `Client.wait`."""
+        deadline = time.monotonic() + within
+        async for _ in self.events(task_id, within=within):
+            if time.monotonic() > deadline:
+                break
+        found = await self.task(task_id)
+        if found["status"] not in TERMINAL:
+            raise TimeoutError(f"task {task_id} is still {found['status']}")
+        return found
+
+    async def events(
+        self, task_id: str, *, after: int = 0, within: float = 300.0
+    ) -> AsyncIterator[Event]:
+        """See `Client.events`."""
+        last = after
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            try:
+                async with self._http.stream(
+                    "GET", f"/v1/tasks/{task_id}/events", headers=headers, timeout=within
+                ) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        result(response)
+                    parser = SseParser()
+                    async for line in response.aiter_lines():
+                        for kind, data, event_id in parser.feed(line):
+                            if kind == "end":
+                                return
+                            event = cast(Event, json.loads(data))
+                            last = int(event_id) if event_id else event["id"]
+                            yield event
+            except httpx.TransportError:
+                await asyncio.sleep(0.5)
+
+    async def approve(
+        self, task_id: str, step_id: str, *, reason: str = "", args: dict[str, Any] | None = None
+    ) -> Task:
+        body = _calls.approval(reason, args, approve=True)
+        return cast(Task, await self._send(_calls.decide(task_id, step_id, body)))
+
+    async def reject(self, task_id: str, step_id: str, *, reason: str) -> Task:
+        body = _calls.approval(reason, None, approve=False)
+        return cast(Task, await self._send(_calls.decide(task_id, step_id, body)))
+
+    async def resolve(
+        self, task_id: str, step_id: str, action: str, *, output: Any = None, reason: str = ""
+    ) -> Task:
+        body = _calls.verdict(action, output, reason)
+        return cast(Task, await self._send(_calls.resolve(task_id, step_id, body)))
+
+    async def cancel(self, task_id: str) -> Task:
+        return cast(Task, await self._send(_calls.cancel(task_id)))
+
+    async def tools(self, format: ToolFormat = "native") -> Any:
+        return await self._send(_calls.tools(format))

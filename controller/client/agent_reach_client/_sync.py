@@ -1,0 +1,191 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, cast
+
+import httpx
+
+from agent_reach_client import _calls
+from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
+from agent_reach_client.errors import PendingCalls
+from agent_reach_client.types import Dialect, Event, Task, ToolFormat, Turn
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class Client:
+    """The controller's REST API, blocking. `base_url` and `api_key` default to the
+    AGENT_REACH_URL and AGENT_REACH_API_KEY environment variables."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 4,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._settings = Settings.of(base_url, api_key, timeout, retries)
+        self._http = httpx.Client(
+            base_url=self._settings.base_url,
+            headers=self._settings.headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call, *, read_timeout: float | None = None) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    headers=call.headers,
+                    timeout=read_timeout or self._settings.timeout,
+                )
+            except httpx.TransportError:
+                delay = retry_delay(self._settings, attempt, None) if call.repeatable else None
+                if delay is None:
+                    raise
+            else:
+                delay = retry_delay(self._settings, attempt, response)
+                if delay is None:
+                    return result(response)
+            time.sleep(delay)
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        body: Any,
+        *,
+        wait: float | None = None,
+        dialect: Dialect | None = None,
+        atomic: bool = False,
+        idempotency_key: str | None = None,
+        traceparent: str | None = None,
+    ) -> Task:
+        """Submit a plan or a model's turn: `task_id`, `trace_id` and `status`; with `wait`, the
+        whole task as it stands when it ended or the wait did (its `turn` for a model's turn)."""
+        call = submit_call(
+            body,
+            wait=wait,
+            dialect=dialect,
+            atomic=atomic,
+            idempotency_key=idempotency_key,
+            traceparent=traceparent,
+        )
+        return cast(Task, self._send(call, read_timeout=self._settings.timeout + (wait or 0)))
+
+    def answer(
+        self,
+        turn: Any,
+        *,
+        within: float = 120.0,
+        dialect: Dialect | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run a model's turn and return what to append to the conversation, once every call
+        has its reply; PendingCalls if some still wait when `within` seconds end."""
+        deadline = time.monotonic() + within
+        accepted = self.submit(
+            turn, dialect=dialect, idempotency_key=idempotency_key, wait=min(within, 30.0)
+        )
+        while True:
+            left = deadline - time.monotonic()
+            answered = self.replies(accepted["task_id"], wait=max(0.0, min(left, 30.0)))
+            if not answered["pending"]:
+                return answered["replies"]
+            if left <= 0:
+                raise PendingCalls(accepted["task_id"], answered["pending"])
+
+    def replies(self, task_id: str, *, wait: float | None = None) -> Turn:
+        """A turn's replies so far and its pending calls (`wait`: until it ends, at most)."""
+        return cast(
+            Turn, self._send(_calls.replies(task_id, wait), read_timeout=self._timeout(wait))
+        )
+
+    def task(self, task_id: str) -> Task:
+        return cast(Task, self._send(_calls.task(task_id)))
+
+    def wait(self, task_id: str, *, within: float = 120.0) -> Task:
+        """The task once it ended (TimeoutError after `within` seconds), from its event stream."""
+        deadline = time.monotonic() + within
+        for _ in self.events(task_id, within=within):
+            if time.monotonic() > deadline:
+                break
+        found = self.task(task_id)
+        if found["status"] not in TERMINAL:
+            raise TimeoutError(f"task {task_id} is still {found['status']}")
+        return found
+
+    def events(self, task_id: str, *, after: int = 0, within: float = 300.0) -> Iterator[Event]:
+        """The task's events as they happen, until it ends; a dropped connection is resumed
+        from the last event seen (Last-Event-ID)."""
+        last = after
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            try:
+                with self._http.stream(
+                    "GET", f"/v1/tasks/{task_id}/events", headers=headers, timeout=within
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        result(response)
+                    parser = SseParser()
+                    for line in response.iter_lines():
+                        for kind, data, event_id in parser.feed(line):
+                            if kind == "end":
+                                return
+                            event = cast(Event, json.loads(data))
+                            last = int(event_id) if event_id else event["id"]
+                            yield event
+            except httpx.TransportError:
+                time.sleep(0.5)  # resume from `last`
+
+    def approve(
+        self, task_id: str, step_id: str, *, reason: str = "", args: dict[str, Any] | None = None
+    ) -> Task:
+        body = _calls.approval(reason, args, approve=True)
+        return cast(Task, self._send(_calls.decide(task_id, step_id, body)))
+
+    def reject(self, task_id: str, step_id: str, *, reason: str) -> Task:
+        body = _calls.approval(reason, None, approve=False)
+        return cast(Task, self._send(_calls.decide(task_id, step_id, body)))
+
+    def resolve(
+        self, task_id: str, step_id: str, action: str, *, output: Any = None, reason: str = ""
+    ) -> Task:
+        body = _calls.verdict(action, output, reason)
+        return cast(Task, self._send(_calls.resolve(task_id, step_id, body)))
+
+    def cancel(self, task_id: str) -> Task:
+        return cast(Task, self._send(_calls.cancel(task_id)))
+
+    def tools(self, format: ToolFormat = "native") -> Any:
+        """The catalogue (native), or the tools list a model API takes (`format`)."""
+        return self._send(_calls.tools(format))
+
+    def _timeout(self, wait: float | None) -> float:
+        return self._settings.timeout + (wait or 0)
