@@ -40,7 +40,7 @@ from agent_reach_controller.services.sessions import SessionService
 from agent_reach_controller.services.sweeps import Supervision, Sweep
 from agent_reach_controller.services.tool_health import ToolHealth
 from agent_reach_controller.services.unit_of_work import UnitOfWork
-from agent_reach_controller.services.webhooks import ApprovalWebhook, WebhookTarget
+from agent_reach_controller.services.webhooks import WebhookSender, WebhookTarget
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage import migrate
 from agent_reach_controller.storage.engine import Database, libpq_conninfo
@@ -81,7 +81,7 @@ class Components:
     sessions: SessionService  # executor sessions
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
-    webhook: ApprovalWebhook | None = None
+    webhook: WebhookSender | None = None
     hand_off: HandOff | None = None  # new steps straight to waiting pollers (Postgres)
     # Told to stop: /readyz answers 503 so that load balancers stop sending, while requests
     # already sent are still served (settings.shutdown_delay).
@@ -117,15 +117,20 @@ def _limiter(settings: ControllerSettings, db: Database) -> RateLimiter:
     return SqlLimiter() if db.is_postgres else MemoryLimiter()
 
 
-def _webhook(settings: ControllerSettings, db: Database) -> ApprovalWebhook | None:
-    if settings.approval_webhook_url is None:
+def _webhook(settings: ControllerSettings, db: Database) -> WebhookSender | None:
+    approvals = None
+    if settings.approval_webhook_url is not None:
+        secret = settings.approval_webhook_secret
+        approvals = WebhookTarget(
+            url=settings.approval_webhook_url.get_secret_value(),
+            secret=secret.get_secret_value() if secret is not None else None,
+        )
+    tasks = None
+    if settings.task_webhook_hosts and settings.task_webhook_secret is not None:
+        tasks = WebhookTarget(url="", secret=settings.task_webhook_secret.get_secret_value())
+    if approvals is None and tasks is None:
         return None
-    secret = settings.approval_webhook_secret
-    target = WebhookTarget(
-        url=settings.approval_webhook_url.get_secret_value(),
-        secret=secret.get_secret_value() if secret is not None else None,
-    )
-    return ApprovalWebhook(db, target)
+    return WebhookSender(db, approvals, tasks=tasks)
 
 
 async def open_components(settings: ControllerSettings) -> Components:

@@ -122,6 +122,17 @@ class ControllerSettings(BaseSettings):
     approval_webhook_secret: SecretStr | None = Field(
         None, description="Signing secret for the webhook, 'whsec_' + base64 (Standard Webhooks)"
     )
+    task_webhook_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts a submit's `webhook.url` may name, as patterns ('hooks.example.com', "
+        "'*.internal.example'); each task's end is POSTed there, signed (Standard Webhooks). "
+        "Empty: task webhooks are refused (comma-separated in env)",
+    )
+    task_webhook_secret: SecretStr | None = Field(
+        None,
+        description="Signing secret for task webhooks, 'whsec_' + base64 (Standard Webhooks); "
+        "needed with task_webhook_hosts",
+    )
     separation_of_duties: bool = Field(
         True, description="Whoever submitted a task may not approve its steps"
     )
@@ -161,7 +172,16 @@ class ControllerSettings(BaseSettings):
             raise ValueError("tls_cert and tls_key go together")
         if self.grpc_client_ca is not None and self.tls_cert is None:
             raise ValueError("grpc_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.task_webhook_hosts and self.task_webhook_secret is None:
+            raise ValueError("task_webhook_hosts needs task_webhook_secret: deliveries are signed")
         return self
+
+    @field_validator("task_webhook_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("tools", mode="before")
     @classmethod

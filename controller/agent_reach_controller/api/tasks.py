@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -21,7 +23,7 @@ from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
 from agent_reach_controller.planning.dialects import DialectName
 from agent_reach_controller.planning.plan import Plan, parse_plan
-from agent_reach_controller.planning.problems import PlanInvalidError
+from agent_reach_controller.planning.problems import PlanInvalidError, Problem, ProblemCode
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput, Submitted
@@ -86,7 +88,27 @@ async def _validate(
             plan = parse()
     for tool in sorted({s.tool for s in plan.steps}):
         require(deps, who, Action.SUBMIT, tool)
+    if plan.webhook_url is not None:
+        _check_webhook(deps, plan.webhook_url)
     return plan, revision
+
+
+def _check_webhook(deps: Components, url: str) -> None:
+    """A task webhook's URL must name a host the operator allows (the controller POSTs there)."""
+    allowed = deps.settings.task_webhook_hosts
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not allowed:
+        detail = "this controller sends no task webhooks (task_webhook_hosts is empty)"
+    elif parts.username is not None or parts.password is not None:
+        detail = "a webhook URL may not carry credentials before its host"
+    elif not any(fnmatchcase(host, pattern.lower()) for pattern in allowed):
+        detail = f"host {host!r} is not one this controller may call"
+    else:
+        return
+    raise PlanInvalidError(
+        [Problem(pointer="/webhook/url", code=ProblemCode.FORBIDDEN, detail=detail)]
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -116,6 +116,7 @@ class Plan:
     context: dict[str, Any]
     source: str  # the dialect's name (planning/dialects)
     refused: tuple[RefusedCall, ...] = ()
+    webhook_url: str | None = None  # where the task's end is announced (checked by the API)
     deadline_s: float | None = None
     max_attempts: int | None = None
     # The most units of each class of side effects the task may use (see planning/effects.py).
@@ -374,6 +375,7 @@ def parse_plan(
         deadline_s=options.deadline_seconds,
         max_attempts=options.budget.max_attempts if options.budget else None,
         caps=caps,
+        webhook_url=options.webhook.url if options.webhook else None,
     )
 
 

@@ -245,7 +245,10 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "tenant": data.tenant,
         "goal": data.plan.goal,
         "source": data.plan.source,
-        "request": data.request,
+        # The webhook URL may carry a token: it is kept in its own column, not in the request
+        # that replay and rerun show.
+        "request": _without_webhook(data.request),
+        "webhook_url": data.plan.webhook_url,
         "context": data.plan.context,
         "cancel_requested": False,
         "version": 1,
@@ -356,3 +359,9 @@ def _refused_row(
         "created_at": now,
         "updated_at": now,
     }
+
+
+def _without_webhook(request: Any) -> Any:
+    if isinstance(request, dict) and "webhook" in request:
+        return {k: v for k, v in request.items() if k != "webhook"}
+    return request

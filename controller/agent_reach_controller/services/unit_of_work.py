@@ -32,7 +32,7 @@ from agent_reach_controller.decide.outcomes import Budget, Decision
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import webhooks
 from agent_reach_controller.services.registry import ToolRegistry
-from agent_reach_controller.services.webhooks import ApprovalWebhook
+from agent_reach_controller.services.webhooks import WebhookSender
 from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.engine import Connection, Database
@@ -202,7 +202,7 @@ class UnitOfWork:
         notifier: Notifier,
         metrics: ControllerMetrics,
         approval_ttl: timedelta = timedelta(hours=1),
-        announcer: ApprovalWebhook | None = None,
+        announcer: WebhookSender | None = None,
     ) -> None:
         self.db = db
         self.registry = registry
@@ -338,7 +338,7 @@ class UnitOfWork:
         asked = await writes.change_steps(asks, now=now)
         for step_id in asked:
             after[step_id] = StepStatus.AWAITING_APPROVAL
-        if self._announcer is not None and asked:
+        if self._announcer is not None and self._announcer.announces_approvals and asked:
             await self._announcer.enqueue(
                 conn,
                 [
@@ -361,6 +361,12 @@ class UnitOfWork:
                         tally[after[c.step.id]] += 1
                 statuses = list(tally.elements())
             await _settle_status(writes, tasks[task_id], statuses, now=now, result=result)
+        ended = [tasks[t] for t in sorted(result.finished_tasks) if tasks[t].webhook_url]
+        if self._announcer is not None and ended:
+            await self._announcer.finished(
+                conn,
+                [replace(t, status=result.task_status[t.task_id], finished_at=now) for t in ended],
+            )
         return result
 
 

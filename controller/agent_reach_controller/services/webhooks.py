@@ -1,8 +1,9 @@
-"""Approval requests announced to a webhook, through an outbox.
+"""Approval requests and task ends announced to webhooks, through an outbox.
 
-The request is written to `webhook_outbox` in the same transaction that makes the step wait for
-approval, so a request is never announced for a change that rolled back, nor lost by a crash
-after the commit. Senders in every replica take due rows (SKIP LOCKED on Postgres), moving their
+An approval request is written to `webhook_outbox` in the same transaction that makes the step
+wait for approval, and a task's end (`task.finished`, to the URL its submit named) in the one
+that ends it, so nothing is announced for a change that rolled back, nor lost by a crash after
+the commit. Senders in every replica take due rows (SKIP LOCKED on Postgres), moving their
 due time forward first so that a sender dying mid-send only delays the retry, then POST them.
 
 Delivery is at least once, signed as Standard Webhooks prescribe (`webhook-id`,
@@ -35,6 +36,7 @@ from agent_reach_controller.tools.catalog import RetryPolicy, backoff_delay
 
 log = logging.getLogger(__name__)
 APPROVAL_REQUESTED = "approval.requested"
+TASK_FINISHED = "task.finished"
 USER_AGENT = "agent-reach-webhooks/1"
 
 
@@ -79,15 +81,45 @@ def approval_request(change: StepChange, task: TaskRow) -> dict[str, Any]:
     }
 
 
-class ApprovalWebhook:
-    """The outbox of approval requests and its sender."""
+def task_finished(task: TaskRow) -> dict[str, Any]:
+    """What a task's webhook is told when it ends: which task, how, and where to read it."""
+    return {
+        "type": TASK_FINISHED,
+        "task_id": task.task_id,
+        "status": task.status,
+        "source": task.source,
+        "tenant": task.tenant,
+        "trace_id": task.trace_id,
+        "finished_at": task.finished_at.isoformat() if task.finished_at else None,
+        "task_url": f"/v1/tasks/{task.task_id}",
+        "replies_url": None if task.source == "plan" else f"/v1/tasks/{task.task_id}/replies",
+    }
 
-    def __init__(self, db: Database, target: WebhookTarget) -> None:
+
+class WebhookSender:
+    """The outbox of approval requests and task ends, and its sender.
+
+    `approvals` is the approval webhook (None: approval requests are not announced); `tasks`
+    signs and paces deliveries to tasks' own webhooks (its `url` is unused: each has its own).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        target: WebhookTarget | None,
+        *,
+        tasks: WebhookTarget | None = None,
+    ) -> None:
         self._db = db
-        self._target = target
-        self._signer = Webhook(target.secret) if target.secret else None
+        self._approvals = target
+        self._tasks = tasks
+        self._signers = {
+            kind: Webhook(t.secret) if t is not None and t.secret else None
+            for kind, t in ((APPROVAL_REQUESTED, target), (TASK_FINISHED, tasks))
+        }
+        self._timeout = max(t.timeout for t in (target, tasks) if t is not None)
         self._client = httpx.AsyncClient(
-            timeout=target.timeout,
+            timeout=self._timeout,
             follow_redirects=False,
             headers={"User-Agent": USER_AGENT},
         )
@@ -98,11 +130,33 @@ class ApprovalWebhook:
     async def close(self) -> None:
         await self._client.aclose()
 
+    @property
+    def announces_approvals(self) -> bool:
+        return self._approvals is not None
+
+    async def finished(self, conn: Connection, tasks: Sequence[TaskRow]) -> None:
+        """A `task.finished` delivery for each of these tasks that names a webhook, written
+        inside the caller's transaction (the one that ends them)."""
+        if self._tasks is None:
+            return
+        now = datetime.now(UTC)
+        for task in tasks:
+            if task.webhook_url:
+                await outbox.add_requests(
+                    conn,
+                    [(TASK_FINISHED, task_finished(task), None)],
+                    now=now,
+                    url=task.webhook_url,
+                )
+
+    def _target(self, row: OutboxRow) -> WebhookTarget | None:
+        return self._tasks if row.url is not None else self._approvals
+
     async def enqueue(
         self, conn: Connection, requests: Sequence[tuple[dict[str, Any], datetime]]
     ) -> None:
-        """Write (payload, expires_at) rows inside the caller's transaction."""
-        if not requests:
+        """Write (payload, expires_at) approval rows inside the caller's transaction."""
+        if not requests or self._approvals is None:
             return
         now = datetime.now(UTC)
         await outbox.add_requests(
@@ -128,24 +182,29 @@ class ApprovalWebhook:
             await outbox.lease_requests(
                 conn,
                 [r.id for r in rows],
-                due_at=now + timedelta(seconds=self._target.timeout * 2 + 5),
+                due_at=now + timedelta(seconds=self._timeout * 2 + 5),
             )
         return rows
 
     async def _send(self, row: OutboxRow) -> str | None:
         """POST one delivery; None when acknowledged, else why not (no URL, no body)."""
+        target = self._target(row)
+        url = row.url or (target.url if target is not None else None)
+        if target is None or not url:
+            return "no webhook is configured for it"
         body = json.dumps(row.payload, separators=(",", ":"), ensure_ascii=False)
-        message_id = f"msg_approval_{row.id}"
+        message_id = f"msg_{'task' if row.url else 'approval'}_{row.id}"
         sent_at = datetime.now(UTC)
         headers = {
             "Content-Type": "application/json",
             "webhook-id": message_id,
             "webhook-timestamp": str(int(sent_at.timestamp())),
         }
-        if self._signer is not None:
-            headers["webhook-signature"] = self._signer.sign(message_id, sent_at, body)
+        signer = self._signers[TASK_FINISHED if row.url else APPROVAL_REQUESTED]
+        if signer is not None:
+            headers["webhook-signature"] = signer.sign(message_id, sent_at, body)
         try:
-            response = await self._client.post(self._target.url, content=body, headers=headers)
+            response = await self._client.post(url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             return type(exc).__name__  # an exception's text may quote the URL
         if response.is_success:
@@ -162,14 +221,16 @@ class ApprovalWebhook:
                     await outbox.mark_delivered(conn, row.id, now=now)
                     continue
                 self.failed_attempts += 1
+                target = self._target(row) or WebhookTarget(url="")
                 due = now + timedelta(
-                    seconds=backoff_delay(self._target.backoff, attempts, rng=self._rng)
+                    seconds=backoff_delay(target.backoff, attempts, rng=self._rng)
                 )
-                give_up = attempts >= self._target.max_attempts or (
+                give_up = attempts >= target.max_attempts or (
                     row.expires_at is not None and due >= row.expires_at
                 )
                 log.warning(
-                    "approval webhook delivery %s failed (attempt %d): %s%s",
+                    "%s webhook delivery %s failed (attempt %d): %s%s",
+                    row.kind,
                     row.id,
                     attempts,
                     error,

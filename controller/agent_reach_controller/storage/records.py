@@ -94,6 +94,7 @@ class TaskRow:
     caps: dict[str, float] | None = None  # the task's own blast-radius caps
     input_tokens: int = 0  # model tokens the caller reported for this task
     output_tokens: int = 0
+    webhook_url: str | None = None  # where the task's end is announced
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:

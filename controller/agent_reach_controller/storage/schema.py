@@ -118,6 +118,8 @@ tasks = sa.Table(
     # Model tokens the caller reported spending on this task (POST /v1/tasks/{id}/usage).
     sa.Column("input_tokens", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Column("output_tokens", sa.BigInteger(), nullable=False, server_default="0"),
+    # Where the task's end is announced (a submit's `webhook.url`; 0022).
+    sa.Column("webhook_url", sa.String(2048)),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The retention sweep's index: finished tasks, oldest first (0020).
@@ -402,6 +404,8 @@ webhook_outbox = sa.Table(
     sa.Column("delivered_at", UtcDateTime()),
     sa.Column("given_up_at", UtcDateTime()),
     sa.Column("last_error", sa.String(300)),
+    # Where this delivery goes: a task's own webhook; None: the approval webhook (0022).
+    sa.Column("url", sa.String(2048)),
     sa.Index(
         "ix_webhook_outbox_pending",
         "due_at",

@@ -22,9 +22,11 @@ class OutboxRow:
     """One request taken for sending: its body, and how often it was tried before."""
 
     id: int
+    kind: str
     payload: Any
     attempts: int
     expires_at: datetime | None
+    url: str | None = None  # a task's own webhook; None: the approval webhook
 
 
 async def add_requests(
@@ -32,8 +34,9 @@ async def add_requests(
     requests: Sequence[tuple[str, dict[str, Any], datetime | None]],
     *,
     now: datetime,
+    url: str | None = None,
 ) -> None:
-    """INSERT (kind, payload, expires_at) requests, due at once."""
+    """INSERT (kind, payload, expires_at) requests, due at once (to `url`, if given)."""
     if not requests:
         return
     await conn.execute(
@@ -45,6 +48,7 @@ async def add_requests(
                 "created_at": now,
                 "due_at": now,
                 "expires_at": expires_at,
+                "url": url,
             }
             for kind, payload, expires_at in requests
         ],
@@ -61,9 +65,11 @@ async def due_requests(conn: Connection, *, now: datetime, limit: int) -> list[O
     query = (
         sa.select(
             webhook_outbox.c.id,
+            webhook_outbox.c.kind,
             webhook_outbox.c.payload,
             webhook_outbox.c.attempts,
             webhook_outbox.c.expires_at,
+            webhook_outbox.c.url,
         )
         .where(pending)
         .order_by(webhook_outbox.c.due_at)

@@ -76,6 +76,16 @@ class Budget(BaseModel):
     )
 
 
+class Webhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="POSTed to once the task ends (`task.finished`, signed as Standard Webhooks "
+        "prescribe); its host must be one the operator allows",
+    )
+
+
 class Options(BaseModel):
     """The task's own options, the same in every dialect (beside the dialect's own fields)."""
 
@@ -100,6 +110,9 @@ class Options(BaseModel):
         description="Dispatch priority of the steps (higher first)",
     )
     caps: Caps | None = None
+    webhook: Webhook | None = Field(
+        None, description="Announce the task's end here, so nobody need hold a stream open"
+    )
 
 
 _OPTIONS = tuple(Options.model_fields)
