@@ -122,9 +122,12 @@ def import_(args: argparse.Namespace) -> int:
 
 def _list_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """`reach tools [list]` flags; `inherited` as in add_client_flags."""
-    formats = ["native", "openai", "anthropic"]
+    formats = ["native", "openai_chat", "openai_responses", "anthropic", "mcp", "openai"]
     p.add_argument(
-        "--format", choices=formats, default=argparse.SUPPRESS if inherited else "native"
+        "--format",
+        choices=formats,
+        default=argparse.SUPPRESS if inherited else "native",
+        help="native definitions, or the tools list a model API takes (openai = openai_chat)",
     )
     p.add_argument(
         "--include-disabled",
