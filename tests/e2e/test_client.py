@@ -4,6 +4,7 @@ against a scripted model server through the vendors' SDKs, and the client instal
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -180,11 +181,13 @@ def test_each_example_loop_runs_against_a_scripted_model(example: Path, dev: Pro
 
 
 def test_the_client_installs_alone(dev: Proc, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+    venv, source = tmp_path / "venv", tmp_path / "client"
+    # A copy: building in place would leave build/ and *.egg-info in the checkout.
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     install = subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", str(CLIENT), "openai", "anthropic"],
+        [python, "-m", "pip", "install", "--quiet", str(source), "openai", "anthropic"],
         capture_output=True,
         text=True,
         timeout=600,
