@@ -36,7 +36,12 @@ from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus
 from agent_reach_controller.api.auth import UnauthenticatedError, authenticate
 from agent_reach_controller.api.problems import problem_response
-from agent_reach_controller.api.tasks import Acceptance, TooManyInFlightError, accept_plan
+from agent_reach_controller.api.tasks import (
+    Acceptance,
+    TooManyInFlightError,
+    accept_plan,
+    approvers,
+)
 from agent_reach_controller.api.views import turn_replies
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.planning.dialects.mcp import STEP_ID
@@ -203,7 +208,7 @@ class McpGateway:
         turn = turn_replies(
             view,
             budget=deps.settings.receipt_budget_chars,
-            approvers=lambda tool: deps.policy.roles_allowed(Action.APPROVE, tool),
+            approvers=approvers(deps),
         )
         assert turn is not None  # the mcp dialect answers in replies
         task = view.task
