@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,15 @@ def refusal(response: httpx.Response, body: Any = None) -> str:
 def describe_task(task: dict[str, Any]) -> str:
     """A task and its steps as a few lines: each step's status and what its receipt says."""
     lines = [f"task {task['task_id']}  {task['status']}  trace {task.get('trace_id', '')}"]
+    now = datetime.now(UTC)
     for step in task.get("steps", ()):
         receipt = step.get("receipt") or {}
         detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
         shown = json.dumps(detail, ensure_ascii=False) if detail not in ("", None) else ""
-        lines.append(f"  {step['step_id']:12} {step['status']:18} {shown}".rstrip())
+        status, run_at = step["status"], step.get("run_at")
+        if run_at and status in ("blocked", "ready") and datetime.fromisoformat(run_at) > now:
+            status, shown = "scheduled", f"for {run_at}"
+        lines.append(f"  {step['step_id']:12} {status:18} {shown}".rstrip())
     if task["status"] in ("pending", "running"):
         lines.append(f"  (not over yet: reach status {task['task_id']} --watch follows it)")
     return "\n".join(lines)

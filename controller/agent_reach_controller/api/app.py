@@ -42,6 +42,7 @@ from agent_reach_controller.services.operator import (
     ApprovalExpiredError,
     EditedArgumentsError,
     NotAwaitingApprovalError,
+    NotReschedulableError,
     SelfApprovalError,
     StepNotResolvableError,
 )
@@ -121,6 +122,26 @@ def storage_unavailable() -> Response:
         detail="the database did not answer; retry after the delay given",
         headers={"Retry-After": RETRY_AFTER_S},
     )
+
+
+def _install_state_handlers(app: FastAPI) -> None:
+    """409s: what a task or step is now does not allow what was asked."""
+
+    @app.exception_handler(NotATurnError)
+    async def not_a_turn(_: Request, exc: NotATurnError) -> Response:
+        return problem_response(409, code=exc.code, title=exc.title, detail=str(exc))
+
+    @app.exception_handler(NotReschedulableError)
+    async def not_reschedulable(_: Request, exc: NotReschedulableError) -> Response:
+        return problem_response(
+            409, code="not_reschedulable", title="The step has started", detail=str(exc)
+        )
+
+    @app.exception_handler(StepNotResolvableError)
+    async def not_resolvable(_: Request, exc: StepNotResolvableError) -> Response:
+        return problem_response(
+            409, code="not_resolvable", title="The step is not awaiting a verdict", detail=str(exc)
+        )
 
 
 def _install_auth_handlers(app: FastAPI) -> None:
@@ -256,16 +277,6 @@ def _install_error_handlers(app: FastAPI) -> None:
             404, code="not_found", title="No such step", detail=f"no step {exc.args[0]!r}"
         )
 
-    @app.exception_handler(NotATurnError)
-    async def not_a_turn(_: Request, exc: NotATurnError) -> Response:
-        return problem_response(409, code=exc.code, title=exc.title, detail=str(exc))
-
-    @app.exception_handler(StepNotResolvableError)
-    async def not_resolvable(_: Request, exc: StepNotResolvableError) -> Response:
-        return problem_response(
-            409, code="not_resolvable", title="The step is not awaiting a verdict", detail=str(exc)
-        )
-
     @app.exception_handler(IdempotencyConflictError)
     async def conflict(_: Request, exc: IdempotencyConflictError) -> Response:
         return problem_response(
@@ -332,6 +343,7 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(executors.fleet_router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
+    _install_state_handlers(app)
     tools.install_handlers(app)
     _install_fallback_handlers(app)
     openapi.install(app)

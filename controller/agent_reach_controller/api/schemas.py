@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from agent_reach_controller.tools.catalog import DURATION_SCHEMA
 
 
 class ApprovalIn(BaseModel):
@@ -39,6 +41,9 @@ class StepOut(BaseModel):
     args: dict[str, Any]
     resolved_args: dict[str, Any] | None
     idempotency_key: str
+    run_at: datetime | None = Field(
+        None, description="When the step was asked to run (`run_at`, or the submit plus `delay`)"
+    )
     not_before: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
@@ -159,6 +164,21 @@ class EventOut(BaseModel):
 
 class EventPage(BaseModel):
     events: list[EventOut]
+
+
+class ScheduleIn(BaseModel):
+    """A new time for a step that has not started: `run_at` or `delay` (from now)."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_at: str | None = Field(
+        None,
+        description="RFC 3339 with an offset, or a local time in `timezone`",
+        examples=["2026-12-03T08:00:00+08:00"],
+    )
+    delay: Annotated[Any, WithJsonSchema(DURATION_SCHEMA)] = Field(
+        None, description="From now, e.g. '30m'"
+    )
+    timezone: str | None = Field(None, description="The IANA time zone of a local `run_at`")
 
 
 class ResolveIn(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -21,13 +22,18 @@ from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, p
 from agent_reach_controller.api.views import Approvers, task_out, turn_replies
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
+from agent_reach_controller.planning import schedule
 from agent_reach_controller.planning.dialects import DialectName
 from agent_reach_controller.planning.plan import Plan, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError, Problem, ProblemCode
 from agent_reach_controller.receipts import redact_output
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput, Submitted
-from agent_reach_controller.services.operator import ApprovalInput, ResolveInput
+from agent_reach_controller.services.operator import (
+    ApprovalInput,
+    RescheduleInput,
+    ResolveInput,
+)
 from agent_reach_controller.storage.catalog import CatalogChangedError
 
 # Every route here that reads a body reads JSON: any other media type is a 415, by the app's
@@ -391,6 +397,39 @@ async def resolve_step(
         )
     )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
+
+
+@router.post(
+    "/{task_id}/steps/{step_id}/schedule",
+    response_model=schemas.TaskOut,
+    responses=BODY_PROBLEMS,
+    summary="Move a step that has not started to another time (those who may submit its tool)",
+)
+async def reschedule_step(
+    task_id: str, step_id: str, when: schemas.ScheduleIn, deps: Deps, who: Caller
+) -> schemas.TaskOut:
+    step = await deps.queries.step(task_id, step_id, tenant=who.tenant)
+    require(deps, who, Action.SUBMIT, step.tool)
+    try:
+        if (when.run_at is None) == (when.delay is None):
+            raise schedule.ScheduleError("give 'run_at' or 'delay'")
+        now = datetime.now(UTC)
+        if when.run_at is not None:
+            zone = schedule.zone(when.timezone) if when.timezone else None
+            run_at = schedule.run_at(when.run_at, zone)
+        else:
+            run_at = now + timedelta(seconds=schedule.delay(when.delay))
+        schedule.check_ahead(run_at, now)
+    except schedule.ScheduleError as exc:
+        field = "/delay" if when.run_at is None and when.delay is not None else "/run_at"
+        problem = Problem(pointer=field, code=ProblemCode.INVALID_TYPE, detail=str(exc))
+        raise PlanInvalidError([problem]) from None
+    view = await deps.operator.reschedule(
+        RescheduleInput(
+            task_id=task_id, step_id=step_id, run_at=run_at, by=who.name, tenant=who.tenant
+        )
+    )
+    return task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
 
 
 @router.post(

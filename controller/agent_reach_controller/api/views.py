@@ -31,6 +31,7 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
             args=s.args,
             resolved_args=s.resolved_args,
             idempotency_key=s.idempotency_key,
+            run_at=s.run_at,
             not_before=s.not_before,
             started_at=s.started_at,
             finished_at=s.finished_at,

@@ -100,9 +100,14 @@ def _unblock(
         message = "not started: the task's attempt budget is spent"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
     values: dict[str, Any] = {"resolved_args": resolved}
+    waits = []
     if tool.hold is not None:
         # The undo window: the step is queued but not due, and a cancel still stops it.
-        values["not_before"] = data.now + timedelta(seconds=tool.hold)
+        waits.append(data.now + timedelta(seconds=tool.hold))
+    if step.run_at is not None and step.run_at > data.now:
+        waits.append(step.run_at)  # a scheduled step: queued, due at its time
+    if waits:
+        values["not_before"] = max(waits)
     due = start_by(step, tool, values.get("not_before", data.now))
     if due is not None:
         values["start_by"] = due
@@ -110,7 +115,8 @@ def _unblock(
         values["rate_key"] = step_key(tool, resolved)
     if tool.concurrency_per_key is not None:
         values["concurrency_key"] = concurrency_key(tool, resolved)
-    return StepChange(step=step, transition=Transition.UNBLOCK, values=values)
+    scheduled = {"run_at": step.run_at.isoformat()} if step.run_at is not None else None
+    return StepChange(step=step, transition=Transition.UNBLOCK, values=values, event_data=scheduled)
 
 
 def _end(

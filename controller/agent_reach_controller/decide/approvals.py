@@ -28,9 +28,10 @@ def args_hash(args: Any) -> str:
 
 
 def request_values(
-    step: StepRow, resolved: Any, *, now: datetime, ttl: timedelta
+    step: StepRow, resolved: Any, *, now: datetime, ttl: timedelta, due: datetime | None = None
 ) -> dict[str, Any]:
-    """The columns of a step that starts waiting for approval."""
+    """The columns of a step that starts waiting for approval; its time to decide counts from
+    when it is `due` to run, if that is later (a scheduled step)."""
     return {
         "approval": {
             "step": f"{step.task_id}/{step.step_id}",
@@ -39,7 +40,7 @@ def request_values(
             "args_hash": args_hash(resolved),
             "requested_at": now.isoformat(),
         },
-        "decide_by": now + ttl,
+        "decide_by": max(now, due or now) + ttl,
     }
 
 
@@ -56,7 +57,13 @@ def requests(
         StepChange(
             step=replace(c.step, status=StepStatus.READY, **c.values),
             transition=Transition.REQUIRE_APPROVAL,
-            values=request_values(c.step, c.values["resolved_args"], now=now, ttl=ttl),
+            values=request_values(
+                c.step,
+                c.values["resolved_args"],
+                now=now,
+                ttl=ttl,
+                due=c.values.get("not_before"),
+            ),
         )
         for c in unblocked
         if c.transition is Transition.UNBLOCK

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from pydantic import ValidationError
 
 from agent_reach.errors import ErrorCode
-from agent_reach_controller.planning import effects, grounding
+from agent_reach_controller.planning import effects, grounding, schedule
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,
@@ -66,6 +68,8 @@ class PlannedStep:
     retry: RetryPolicy | None = None  # the tool's policy with this step's overrides
     timeouts: Timeouts | None = None  # the step's own timeouts, each replacing the tool's
     priority: int = 0  # higher is dispatched first; the plan's unless the step sets its own
+    run_at: datetime | None = None  # not before this instant (UTC)
+    delay_s: float | None = None  # not before this long after the task is accepted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -323,6 +327,7 @@ def parse_plan(
     if turn is None:
         raise PlanInvalidError(out.items)
     drafts, options = turn.drafts, turn.options
+    timezone = _timezone(getattr(options, "timezone", None), out)
     _check_goal(turn.goal, limits, out)
     context = _check_context(options.context, limits, out)
     _check_ids(drafts, out)
@@ -346,11 +351,16 @@ def parse_plan(
             detail = f"you may not call tool {spec.name!r}"
             sink.add(draft.pointers["tool"], P.FORBIDDEN, detail)
         retry, timeouts = _step_retry(draft, spec, sink), _step_timeouts(draft, sink)
-        checked.append(_Checked(draft, spec, retry, timeouts, sink.items if per_call else []))
+        when = _step_schedule(draft, timezone, sink)
+        checked.append(_Checked(draft, spec, retry, timeouts, sink.items if per_call else [], when))
     if out.items:
         raise PlanInvalidError(out.items)
     steps = [
-        _planned(c.draft, c.spec, c.retry, c.timeouts, options.priority)
+        replace(
+            _planned(c.draft, c.spec, c.retry, c.timeouts, options.priority),
+            run_at=c.schedule[0],
+            delay_s=c.schedule[1],
+        )
         for c in checked
         if c.spec is not None and not c.problems
     ]
@@ -386,6 +396,37 @@ class _Checked:
     retry: RetryPolicy | None
     timeouts: Timeouts | None
     problems: list[Problem]
+    schedule: tuple[datetime | None, float | None] = (None, None)
+
+
+def _timezone(name: str | None, out: ProblemCollector) -> ZoneInfo | None:
+    if name is None:
+        return None
+    try:
+        return schedule.zone(name)
+    except schedule.ScheduleError as exc:
+        out.add("/timezone", P.INVALID_TYPE, str(exc))
+        return None
+
+
+def _step_schedule(
+    draft: StepDraft, timezone: ZoneInfo | None, out: ProblemCollector
+) -> tuple[datetime | None, float | None]:
+    """A step's `run_at` (an instant) or `delay` (seconds), checked."""
+    if draft.run_at is not None and draft.delay is not None:
+        out.add(f"{draft.base}/delay", P.INVALID_TYPE, "give 'run_at' or 'delay', not both")
+        return None, None
+    try:
+        if draft.run_at is not None:
+            when = schedule.run_at(draft.run_at, timezone)
+            schedule.check_ahead(when, datetime.now(UTC))
+            return when, None
+        if draft.delay is not None:
+            return None, schedule.delay(draft.delay)
+    except schedule.ScheduleError as exc:
+        field = "run_at" if draft.run_at is not None else "delay"
+        out.add(f"{draft.base}/{field}", P.INVALID_TYPE, str(exc))
+    return None, None
 
 
 def _refusal(checked: _Checked) -> RefusedCall:

@@ -325,6 +325,9 @@ def _step_rows(
                     else None
                 ),
                 "idempotency_key": step_idempotency_key(task_id, step.step_id),
+                "run_at": step.run_at
+                if step.delay_s is None
+                else now + timedelta(seconds=step.delay_s),
                 "created_at": now,
                 "updated_at": now,
             }

@@ -14,7 +14,7 @@ from typing import Any
 from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepStatus, Transition
 from agent_reach_controller.decide import approvals
-from agent_reach_controller.decide.outcomes import decide_resolution, terminal_values
+from agent_reach_controller.decide.outcomes import decide_resolution, start_by, terminal_values
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.services.queries import (
     StepNotFoundError,
@@ -83,6 +83,26 @@ class ResolveInput:
     reason: str = ""
     output: Any = None
     tenant: str | None = None
+
+
+class NotReschedulableError(Exception):
+    """Only a step that has not started yet (blocked, or queued for its first attempt) moves."""
+
+    def __init__(self, step_id: str, status: str) -> None:
+        super().__init__(
+            f"step {step_id!r} is {status}: only a step that has not started yet can be rescheduled"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RescheduleInput:
+    """A new time for a step that has not started."""
+
+    task_id: str
+    step_id: str
+    run_at: datetime
+    by: str
+    tenant: str
 
 
 class OperatorService:
@@ -211,6 +231,51 @@ class OperatorService:
             if data.approve:
                 tx.wake(connectors=[step.connector])
             await tx.advance()
+            return await read_view(tx.conn, data.task_id)
+
+    async def reschedule(self, data: RescheduleInput) -> TaskView:
+        """Move a step that has not started to another time (earlier or later)."""
+        async with self._work.begin() as tx:
+            task = await tx.lock_task(data.task_id)
+            if task is None or task.tenant != data.tenant:
+                raise TaskNotFoundError(data.task_id)
+            step = await _step_of(tx, data.task_id, data.step_id)
+            queued = step.status is StepStatus.READY and step.attempt == 1
+            if step.status is not StepStatus.BLOCKED and not queued:
+                raise NotReschedulableError(step.step_id, step.status.value)
+            tool = tx.tool(step)
+            not_before = data.run_at if data.run_at > tx.now else None
+            moved = await store.reschedule_step(
+                tx.conn,
+                step,
+                run_at=data.run_at,
+                not_before=not_before,
+                start_by=start_by(step, tool, not_before or tx.now),
+                now=tx.now,
+            )
+            if not moved:  # leased meanwhile: it is running
+                raise NotReschedulableError(step.step_id, StepStatus.RUNNING.value)
+            await store.append_events(
+                tx.conn,
+                [
+                    store.NewEvent(
+                        task_id=data.task_id,
+                        step_id=step.step_id,
+                        kind="reschedule",
+                        attempt=step.attempt,
+                        data={"run_at": data.run_at.isoformat(), "by": data.by},
+                        created_at=tx.now,
+                    )
+                ],
+            )
+            await tx.audit(
+                actor=data.by,
+                tenant=data.tenant,
+                action="step.reschedule",
+                target=f"task:{data.task_id}/step:{data.step_id}",
+                data={"run_at": data.run_at.isoformat()},
+            )
+            tx.wake(connectors=[step.connector])  # pollers learn the new next due time
             return await read_view(tx.conn, data.task_id)
 
     async def report_tokens(

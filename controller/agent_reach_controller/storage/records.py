@@ -52,6 +52,7 @@ class StepRow:
     approval: dict[str, Any] | None = None
     decide_by: datetime | None = None
     lease_seq: int | None = None
+    run_at: datetime | None = None  # when the step was asked to run (a scheduled step)
     # Not a column: set only on a step just leased, its `updated_at` before the lease (when the
     # attempt was queued), for the schedule-to-start metric.
     queued_at: datetime | None = None

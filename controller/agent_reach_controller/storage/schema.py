@@ -183,6 +183,9 @@ steps = sa.Table(
     sa.Column("approval", Json),
     sa.Column("decide_by", UtcDateTime()),
     sa.Column("not_before", UtcDateTime()),
+    # When the step was asked to run (`run_at`, or the submit plus `delay`): it is queued with
+    # `not_before` at that time once its dependencies allow (0023).
+    sa.Column("run_at", UtcDateTime()),
     # Who holds the lease: an executor session's id (`state/sessions.py`), whose liveness is the
     # lease's; or, for holders without a session (in-process tests), `lease_expires_at` bounds it.
     sa.Column("lease_owner", sa.String(128)),

@@ -475,6 +475,32 @@ async def add_token_usage(
     return TaskRow.from_mapping(first) if first else None
 
 
+async def reschedule_step(
+    conn: AsyncConnection,
+    step: StepRow,
+    *,
+    run_at: datetime,
+    not_before: datetime | None,
+    start_by: datetime | None,
+    now: datetime,
+) -> bool:
+    """Move a step that has not started to `run_at` (a guarded UPDATE: False, writing nothing,
+    when the step moved on since it was read, e.g. an executor leased it)."""
+    values: dict[str, Any] = {"run_at": run_at, "updated_at": now}
+    if step.status == StepStatus.READY:
+        values.update(not_before=not_before, start_by=start_by)
+    changed = await conn.execute(
+        sa.update(steps)
+        .where(
+            steps.c.id == step.id,
+            steps.c.status == step.status,
+            steps.c.attempt == step.attempt,
+        )
+        .values(**values)
+    )
+    return bool(changed.rowcount)
+
+
 async def count_tool_calls(conn: AsyncConnection, task_id: str) -> int:
     """Attempts handed to an executor (lease events), every step and retry included."""
     counted = await conn.execute(

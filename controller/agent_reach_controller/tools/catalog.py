@@ -50,7 +50,7 @@ def parse_duration(value: Any) -> Any:
 
 
 # As published: seconds, or a string with a unit (what parse_duration reads).
-_DURATION_SCHEMA = {
+DURATION_SCHEMA = {
     "oneOf": [
         {"type": "number", "exclusiveMinimum": 0},
         {"type": "string", "pattern": _DURATION.pattern, "examples": ["500ms", "30s", "2m"]},
@@ -61,7 +61,7 @@ Seconds = Annotated[
     float,
     BeforeValidator(parse_duration),
     Field(gt=0, allow_inf_nan=False),
-    WithJsonSchema(_DURATION_SCHEMA, mode="validation"),
+    WithJsonSchema(DURATION_SCHEMA, mode="validation"),
 ]
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")

@@ -64,6 +64,8 @@ class StepDraft:
     retry: dict[str, Any] | None = None
     timeouts: dict[str, Any] | None = None
     priority: int | None = None
+    run_at: str | None = None
+    delay: Any = None
     pointers: dict[str, str] = field(default_factory=dict)
     args_addressable: bool = True
     problems: list[Problem] = field(default_factory=list)

@@ -7,9 +7,9 @@ on one another.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from agent_reach_controller.planning.dialects.base import (
     PRIORITY_RANGE,
@@ -19,6 +19,7 @@ from agent_reach_controller.planning.dialects.base import (
     StepDraft,
 )
 from agent_reach_controller.planning.problems import ProblemCollector
+from agent_reach_controller.tools.catalog import DURATION_SCHEMA
 
 
 class PlanStep(BaseModel):
@@ -47,6 +48,16 @@ class PlanStep(BaseModel):
         le=PRIORITY_RANGE[1],
         description="Dispatch priority (higher first); default the plan's",
     )
+    run_at: str | None = Field(
+        None,
+        description="Run no earlier than this: RFC 3339 with an offset, or a local time in the "
+        "plan's `timezone` (a time skipped by a DST change moves forward; a repeated one is its "
+        "first occurrence)",
+        examples=["2026-12-03T08:00:00+08:00", "2026-12-03T08:00"],
+    )
+    delay: Annotated[Any, WithJsonSchema(DURATION_SCHEMA)] = Field(
+        None, description="Run no earlier than this long after the task is accepted"
+    )
 
 
 class PlanSubmission(Options):
@@ -55,6 +66,11 @@ class PlanSubmission(Options):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     goal: str | None = Field(None, description="What the plan is for (shown with the task)")
+    timezone: str | None = Field(
+        None,
+        description="The IANA time zone of local `run_at` times",
+        examples=["Asia/Shanghai"],
+    )
     steps: list[PlanStep] = Field(min_length=1)
 
 
@@ -88,6 +104,8 @@ class PlanDialect(Dialect):
                     retry=step.retry,
                     timeouts=step.timeouts,
                     priority=step.priority,
+                    run_at=step.run_at,
+                    delay=step.delay,
                     pointers={k: f"{base}/{k}" for k in PlanStep.model_fields},
                 )
             )

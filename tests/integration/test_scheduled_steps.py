@@ -1,0 +1,121 @@
+"""Scheduled steps wait in the database for their time: never leased before it, leased once it
+comes, movable until they start, with approvals and schedule-to-start counted from it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from agent_reach_controller.runtime import Components
+from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
+
+WIPE = {
+    "name": "vault.wipe",
+    "description": "Wipes a vault.",
+    "connector": "echo",
+    "risk": "dangerous",
+    "input_schema": {"type": "object"},
+}
+
+
+def at(delta: timedelta) -> str:
+    return (datetime.now(UTC) + delta).isoformat()
+
+
+async def claim(c: Components, *, wait: float = 0) -> list[Any]:
+    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=wait))
+
+
+async def test_a_step_is_not_leased_before_its_time_and_is_once_it_comes(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c, api_client(c) as api:
+        later = {"step_id": "later", "tool": "echo.say", "run_at": at(timedelta(hours=2))}
+        soon = {"step_id": "soon", "tool": "echo.say", "delay": "1s"}
+        answer = await api.post("/v1/tasks", json={"steps": [later, soon]})
+        assert answer.status_code == 202, answer.text
+        task_id = answer.json()["task_id"]
+        task = (await api.get(f"/v1/tasks/{task_id}")).json()
+        by_id = {s["step_id"]: s for s in task["steps"]}
+        assert by_id["later"]["status"] == "ready"
+        assert by_id["later"]["not_before"] == by_id["later"]["run_at"]
+        # The long poll waits for the next due time and takes `soon` then, not before.
+        claimed = await claim(c, wait=10)
+        taken_at = datetime.now(UTC)
+        assert [s.step_id for s in claimed] == ["soon"]
+        run_at = datetime.fromisoformat(by_id["soon"]["run_at"])
+        assert taken_at >= run_at
+        await c.reporting.report(executor_id="t", results=[ok(s, {}) for s in claimed])
+        assert await claim(c) == []
+        # Moved to now, `later` is due at once; the event log says who moved it.
+        moved = await api.post(f"/v1/tasks/{task_id}/steps/later/schedule", json={"delay": 0})
+        assert moved.status_code == 200, moved.text
+        [step] = await claim(c, wait=5)
+        assert step.step_id == "later"
+        events = (await api.get(f"/v1/tasks/{task_id}/events")).json()["events"]
+        kinds = [(e["step_id"], e["kind"]) for e in events]
+        assert ("later", "reschedule") in kinds
+        unblocked = next(e for e in events if e["step_id"] == "later" and e["kind"] == "unblock")
+        said = datetime.fromisoformat(unblocked["data"]["run_at"])
+        assert said == datetime.fromisoformat(by_id["later"]["run_at"])
+        # Started: it cannot move any more.
+        again = await api.post(f"/v1/tasks/{task_id}/steps/later/schedule", json={"delay": "1h"})
+        assert again.status_code == 409
+        assert again.json()["code"] == "not_reschedulable"
+
+
+async def test_a_blocked_step_keeps_its_time_until_its_dependency_is_done(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path)) as c, api_client(c) as api:
+        plan = {
+            "timezone": "Asia/Shanghai",
+            "steps": [
+                {"step_id": "first", "tool": "echo.say"},
+                {
+                    "step_id": "then",
+                    "tool": "echo.say",
+                    "depends_on": ["first"],
+                    "run_at": "2099-01-01T08:00",
+                },
+            ],
+        }
+        answer = await api.post("/v1/tasks", json=plan)
+        assert answer.status_code == 422  # more than a year ahead
+        assert answer.json()["errors"][0]["pointer"] == "/steps/1/run_at"
+        plan["steps"][1]["run_at"] = at(timedelta(days=2))  # type: ignore[index]
+        task_id = (await api.post("/v1/tasks", json=plan)).json()["task_id"]
+        [first] = await claim(c)
+        await c.reporting.report(executor_id="t", results=[ok(first, {})])
+        task = (await api.get(f"/v1/tasks/{task_id}")).json()
+        then = next(s for s in task["steps"] if s["step_id"] == "then")
+        assert then["status"] == "ready"
+        assert then["not_before"] == then["run_at"]
+        assert await claim(c) == []
+        neither = await api.post(f"/v1/tasks/{task_id}/steps/then/schedule", json={})
+        assert neither.status_code == 422
+        assert neither.json()["errors"][0]["detail"] == "give 'run_at' or 'delay'"
+
+
+async def test_approval_and_schedule_to_start_count_from_the_time(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, {**WIPE, "schedule_to_start": "10s"}])
+    async with components_for(database_url, tools) as c, api_client(c) as api:
+        run_at = datetime.now(UTC) + timedelta(hours=5)
+        plan = {"steps": [{"step_id": "w", "tool": "vault.wipe", "run_at": run_at.isoformat()}]}
+        task_id = (await api.post("/v1/tasks", json=plan)).json()["task_id"]
+        view = await c.queries.get(task_id)
+        [step] = view.steps
+        assert step.status == "awaiting_approval"
+        assert step.decide_by is not None
+        assert step.decide_by >= run_at + timedelta(hours=1) - timedelta(seconds=1)
+        assert step.start_by is not None
+        assert step.start_by == step.not_before + timedelta(seconds=10)
+        # Only those who may submit the tool move it; another tenant does not see it.
+        stranger = await key_for(c, tenant="other", name="stranger")
+        hidden = await api.post(
+            f"/v1/tasks/{task_id}/steps/w/schedule", json={"delay": 0}, headers=stranger
+        )
+        assert hidden.status_code == 404
