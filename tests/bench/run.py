@@ -29,10 +29,12 @@ from tests.bench.scenarios import (
     BenchError,
     Config,
     Dispatch,
+    DueAtOnce,
     Latency,
     Stack,
     Throughput,
     dispatch_only,
+    due_at_once,
     latency,
     percentile,
     running_stack,
@@ -131,6 +133,15 @@ def describe_latency(lat: Latency) -> str:
     )
 
 
+def describe_due(d: DueAtOnce) -> str:
+    late = d.lateness_ms
+    return (
+        f"{d.steps:,} steps due at one instant (submitted in {d.submit_seconds:.2f} s): start"
+        f" after it p50 {percentile(late, 50):,.0f} / p99 {percentile(late, 99):,.0f}"
+        f" / max {max(late):,.0f} ms"
+    )
+
+
 def _row(
     label: str,
     values: Sequence[float],
@@ -152,7 +163,11 @@ def _row(
 
 
 def summary(
-    config: Config, tps: list[Throughput], dps: list[Dispatch], lats: list[Latency]
+    config: Config,
+    tps: list[Throughput],
+    dps: list[Dispatch],
+    lats: list[Latency],
+    dues: list[DueAtOnce],
 ) -> list[str]:
     def rss(pick: Callable[[Throughput], tuple[float, float] | None]) -> list[float]:
         return [m[0] for m in map(pick, tps) if m]
@@ -192,6 +207,12 @@ def summary(
         _row("submit->start max, ms", [max(x.latencies_ms) for x in lats], ".1f", ""),
         _row("submit HTTP RTT p50, ms", [percentile(x.rtts_ms, 50) for x in lats], ".1f", ""),
         _row("submit HTTP RTT p99, ms", [percentile(x.rtts_ms, 99) for x in lats], ".1f", ""),
+        _row(
+            f"{config.steps:,} due at once: lateness p99, ms",
+            [percentile(d.lateness_ms, 99) for d in dues],
+            ",.0f",
+            "",
+        ),
     ]
     for name in ("controller", "executor"):
         lines.append(
@@ -278,13 +299,22 @@ def _measure(config: Config, began: float, plans: int) -> int:
                 f" p99 {median([percentile(x.latencies_ms, 99) for x in lats]):.1f} ms",
                 "",
             )
+            say(
+                f"== due at once: {config.steps:,} scheduled steps (the `clock` tool) all due at"
+                " one instant a few seconds after the submits; start - that instant"
+            )
+            dues = _repeat(config, workdir, tools, "due", due_at_once, describe_due)
+            say(
+                f"  median: p99 {median([percentile(d.lateness_ms, 99) for d in dues]):,.0f} ms",
+                "",
+            )
         except BenchError as exc:
             say(f"bench failed: {exc}")
             return 1
     say(
         f"== summary: median of {config.repeats}; load generator, controller, executor and"
         " Postgres share the machine",
-        *summary(config, tps, dps, lats),
+        *summary(config, tps, dps, lats, dues),
         "",
         f"bench took {time.monotonic() - began:.0f} s",
     )

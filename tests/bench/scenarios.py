@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,13 @@ class Latency:
     cpu_percent: dict[str, float]  # of one core, while sending
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueAtOnce:
+    steps: int
+    lateness_ms: list[float]  # connector start - the time every step was scheduled for
+    submit_seconds: float
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100)."""
     ordered = sorted(values)
@@ -135,12 +143,15 @@ def write_tools(directory: Path) -> Path:
     return path
 
 
-def plan_body(size: int, tag: str, *, tool: str = "noop") -> bytes:
+def plan_body(size: int, tag: str, *, tool: str = "noop", run_at: str | None = None) -> bytes:
     args = {} if tool == "clock" else None
     steps = [
         {"step_id": f"s{i}", "tool": tool, "args": {"i": i} if args is None else args}
         for i in range(size)
     ]
+    if run_at is not None:
+        for step in steps:
+            step["run_at"] = run_at
     return json.dumps({"goal": tag, "steps": steps}).encode()
 
 
@@ -431,4 +442,32 @@ async def latency(stack: Stack, config: Config) -> Latency:
         elapsed_s=sends[-1] - sends[0],
         backlog_s=max(started.values()) - sends[-1],
         cpu_percent=cpu,
+    )
+
+
+async def due_at_once(stack: Stack, config: Config) -> DueAtOnce:
+    """Every step scheduled for one instant, far enough ahead to submit them all first; how late
+    each starts after it (the `clock` tool's output - the instant)."""
+    stack.start_executor()
+    await _warm_up(stack)
+    plans = math.ceil(config.steps / config.plan_size)
+    due = time.time() + 5 + config.steps / 1000  # submit runs at several thousand steps/s
+    at = datetime.fromtimestamp(due, UTC).isoformat()
+    bodies = [
+        plan_body(config.plan_size, f"due {k}", tool="clock", run_at=at) for k in range(plans)
+    ]
+    first, submitted, ids = await submit_plans(stack, bodies, config.submitters)
+    if submitted >= due:
+        raise BenchError("submitting took longer than the margin before the due time")
+    await wait_finished(stack, 1 + plans, within=_deadline(config.steps) + (due - time.time()))
+    await check_all_succeeded(stack, 1 + plans * config.plan_size)
+    async with await psycopg.AsyncConnection.connect(stack.database_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT (output #>> '{}')::float8 FROM steps WHERE task_id = ANY(%s)", (ids,)
+        )
+        started = [float(at) for (at,) in await cur.fetchall()]
+    return DueAtOnce(
+        steps=len(started),
+        lateness_ms=[(s - due) * 1000 for s in started],
+        submit_seconds=submitted - first,
     )
