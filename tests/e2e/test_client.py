@@ -3,6 +3,7 @@ against a scripted model server through the vendors' SDKs, and the client instal
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -145,6 +146,28 @@ def test_a_refusal_that_retrying_cannot_fix_is_raised_at_once() -> None:
         "invalid_plan",
         [{"pointer": "/steps"}],
     )
+
+
+def test_events_resume_from_the_last_event_after_a_dropped_stream() -> None:
+    def event(n: int) -> str:
+        body = {"id": n, "kind": "k", "step_id": None, "data": None}
+        return f"id: {n}\nevent: k\ndata: {json.dumps(body)}\n\n"
+
+    sse = "text/event-stream"
+    with Sink() as sink:
+        sink.script(
+            "/v1/tasks/t1/events",
+            [  # the first stream ends without `end` (a replica stopping); the second finishes
+                Response(body=event(5) + event(6), content_type=sse),
+                Response(body=event(7) + "event: end\ndata: {}\n\n", content_type=sse),
+            ],
+        )
+        with Client(sink.url) as reach:
+            ids = [e["id"] for e in reach.events("t1", within=10)]
+        sent = sink.requests("/v1/tasks/t1/events")
+    assert ids == [5, 6, 7]
+    assert [d.headers["last-event-id"] for d in sent] == ["0", "6"]
+    assert sent[0].headers["accept"] == sse
 
 
 def _run_example(python: str, example: Path, dev: Proc, models: ScriptedModels) -> str:

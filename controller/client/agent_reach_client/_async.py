@@ -159,7 +159,8 @@ class AsyncClient:
                             last = int(event_id) if event_id else event["id"]
                             yield event
             except httpx.TransportError:
-                await asyncio.sleep(0.5)
+                pass
+            await asyncio.sleep(0.5)  # the stream ended without `end`, or broke: resume from `last`
 
     async def approve(
         self, task_id: str, step_id: str, *, reason: str = "", args: dict[str, Any] | None = None

@@ -162,7 +162,8 @@ class Client:
                             last = int(event_id) if event_id else event["id"]
                             yield event
             except httpx.TransportError:
-                time.sleep(0.5)  # resume from `last`
+                pass
+            time.sleep(0.5)  # the stream ended without `end`, or broke: resume from `last`
 
     def approve(
         self, task_id: str, step_id: str, *, reason: str = "", args: dict[str, Any] | None = None
