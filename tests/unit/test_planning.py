@@ -478,7 +478,7 @@ def test_every_problem_of_the_shape_at_once() -> None:
     assert pairs(problems) == expected
     assert len(problems) == len(expected)
     unknown = next(p for p in problems if p.pointer == "/steps/1/colour")
-    assert unknown.detail.startswith("unknown field; expected args, depends_on, priority")
+    assert unknown.detail.startswith("unknown field; expected args, delay, depends_on, priority")
 
 
 def test_every_problem_of_the_meaning_at_once() -> None:
