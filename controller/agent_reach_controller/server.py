@@ -121,8 +121,7 @@ async def running_controller(
         extra={"event": "controller_started"},
     )
     try:
-        mcp = app.state.mcp.running() if app.state.mcp is not None else contextlib.nullcontext()
-        async with background(components), mcp:
+        async with background(components), app.state.mcp.running():
             yield components, bound
     finally:
         # Not ready from now on (HTTP and gRPC health), still serving for shutdown_delay: what
