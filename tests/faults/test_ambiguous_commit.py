@@ -9,7 +9,8 @@ from collections import Counter
 
 from tests.e2e.processes import wait_until
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import Api, FaultEnv, batches, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import Api, FaultEnv, batches, pace, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.proxy import CommitCut, PgProxy
 from tests.support.sink import Response, Sink
 

@@ -7,7 +7,8 @@ import time
 
 from tests.e2e.processes import Proc
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import FaultEnv, KeyedClients, observe, pace, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, KeyedClients, pace, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 SUBMIT_EVERY_S = 0.12  # per client: a steady stream that spans every kill

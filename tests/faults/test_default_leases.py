@@ -9,7 +9,8 @@ from collections import Counter
 
 from tests.e2e.processes import wait_until
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import FaultEnv, observe, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 STEPS = 40

@@ -11,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tests.faults.checkers import Checker, Finding, Run, _ns, check_all
-from tests.faults.harness import FaultEnv, ToolOptions, observe, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, ToolOptions, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.pgserver import free_port
 from tests.support.sink import Response, Sink
 

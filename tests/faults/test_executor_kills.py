@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import FaultEnv, batches, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, batches, pace, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 

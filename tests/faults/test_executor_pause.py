@@ -13,11 +13,10 @@ from tests.faults.harness import (
     FaultEnv,
     Progress,
     batches,
-    observe,
     plan,
-    record_sink,
     sink_tool,
 )
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 # A resumed executor's log line for a result it dropped because its lease was lost (or, its

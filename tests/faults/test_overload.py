@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from tests.faults.checkers import Finding, Run, check_all
-from tests.faults.harness import Api, FaultEnv, observe, plan, record_sink, rss_mib, sink_tool
+from tests.faults.harness import Api, FaultEnv, plan, rss_mib, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 PROBES = 5

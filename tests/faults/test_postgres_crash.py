@@ -8,7 +8,8 @@ import threading
 import time
 
 from tests.faults.checkers import Checker, Finding, Run, check_all
-from tests.faults.harness import Api, FaultEnv, batches, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import Api, FaultEnv, batches, pace, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 POLL_EVERY_S = 0.1

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from tests.e2e.processes import wait_until
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import FaultEnv, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, pace, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.redisserver import PrivateRedis
 from tests.support.sink import Response, Sink
 

@@ -8,7 +8,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from tests.faults.checkers import Run, check_all
-from tests.faults.harness import FaultEnv, observe, pace, plan, record_sink, sink_tool
+from tests.faults.harness import FaultEnv, pace, plan, sink_tool
+from tests.faults.recording import observe, record_sink
 from tests.support.sink import Response, Sink
 
 TASKS = 30
