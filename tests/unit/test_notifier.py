@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from agent_reach_controller.storage.wakeups import (
     Notifier,
@@ -79,3 +80,34 @@ async def test_events_cross_replicas_only_for_tasks_followed_elsewhere() -> None
         for _, payload in payloads:
             await follower.receive(payload)
         assert all(a > b for a, b in zip(follower.snapshot(keys)[1:], since[1:], strict=True))
+
+
+async def test_waiters_woken_and_cancelled_twice_leave_the_notifier_usable() -> None:
+    """At a controller's stop every poller's handler is cancelled by its RPC and again by the
+    server, maybe just as a wake-up reaches it; seen in a rolling restart as "Lock is not
+    acquired" on a waiter's way out (and waiters that never returned)."""
+    n = Notifier()
+    keys = [ready_key("echo")]
+    for woken_after, first, second in itertools.product(range(3), range(4), range(4)):
+        waiters = [asyncio.create_task(n.wait(keys, n.snapshot(keys), within=30)) for _ in range(6)]
+        await _spin(1)
+        marking = asyncio.create_task(n.mark(keys=keys))
+        await _spin(woken_after)
+        for cancels in (first, second):
+            for waiter in waiters:
+                waiter.cancel()
+            await _spin(cancels)
+        done, _ = await asyncio.wait([*waiters, marking], timeout=5)
+        assert len(done) == len(waiters) + 1, (woken_after, first, second)
+        failed = [w.exception() for w in waiters if not w.cancelled() and w.exception()]
+        assert not failed, (woken_after, first, second, failed)
+        assert n.waiting == 0
+    woken = asyncio.create_task(n.wait(keys, n.snapshot(keys), within=30))
+    await _spin(1)
+    await n.mark(keys=keys)
+    await asyncio.wait_for(woken, 5)
+
+
+async def _spin(turns: int) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)

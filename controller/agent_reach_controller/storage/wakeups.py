@@ -89,7 +89,10 @@ class Notifier:
     """In-process wake-ups; the base of the cross-replica variants."""
 
     def __init__(self) -> None:
-        self._changed = asyncio.Condition()
+        # One future per sleeping waiter; all of this runs on one event loop, so no lock is
+        # needed (a Condition shared by waiters that `wait_for` runs in their own tasks lost
+        # track of who held it when a waiter was cancelled twice, as at a server's stop).
+        self._sleepers: set[asyncio.Future[None]] = set()
         self._counts: Counter[str] = Counter()
         # Task keys are counted only while someone waits on them, so the counters stay bounded.
         self._watched: Counter[str] = Counter()
@@ -120,18 +123,33 @@ class Notifier:
         def moved() -> bool:
             return self.snapshot(wanted) != since or (until is not None and until())
 
-        async with self._changed:
-            self.waiting += 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait_for(moved), within)
-            finally:
-                self.waiting -= 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        self.waiting += 1
+        try:
+            while not moved():
+                left = deadline - loop.time()
+                if left <= 0:
+                    return
+                sleeper: asyncio.Future[None] = loop.create_future()
+                self._sleepers.add(sleeper)
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(sleeper, left)
+                finally:
+                    self._sleepers.discard(sleeper)
+        finally:
+            self.waiting -= 1
 
     async def nudge(self) -> None:
         """Make every waiter check its `until` again."""
-        async with self._changed:
-            self._changed.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        sleepers, self._sleepers = self._sleepers, set()
+        for sleeper in sleepers:
+            if not sleeper.done():
+                sleeper.set_result(None)
 
     @contextlib.contextmanager
     def watching(self, keys: Iterable[str]) -> Iterator[None]:
@@ -152,11 +170,10 @@ class Notifier:
         moved = [k for k in keys if k.startswith("ready:") or k in self._watched]
         if not moved and not everything:
             return  # nobody here waits on these keys: nothing to wake (most event messages)
-        async with self._changed:
-            self._counts.update(moved)
-            if everything:
-                self._epoch += 1
-            self._changed.notify_all()
+        self._counts.update(moved)
+        if everything:
+            self._epoch += 1
+        self._wake()
 
     async def publish(
         self,
