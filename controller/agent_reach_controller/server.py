@@ -121,7 +121,8 @@ async def running_controller(
         extra={"event": "controller_started"},
     )
     try:
-        async with background(components), app.state.mcp.running():
+        mcp = app.state.mcp.running() if app.state.mcp is not None else contextlib.nullcontext()
+        async with background(components), mcp:
             yield components, bound
     finally:
         # Not ready from now on (HTTP and gRPC health), still serving for shutdown_delay: what

@@ -78,6 +78,11 @@ class ControllerSettings(BaseSettings):
     retention_batch: int = Field(
         500, ge=1, le=10_000, description="Tasks deleted per retention transaction"
     )
+    mcp: bool = Field(
+        True,
+        description="Serve each key's tools over MCP at /mcp; false: no /mcp, and the MCP SDK "
+        "(about 24 MiB of a controller's memory) is never imported",
+    )
     shutdown_delay: float = Field(
         0.0,
         ge=0,

@@ -102,3 +102,13 @@ def test_durations_and_rates_are_published_as_the_strings_they_accept(
     assert re.match(timeout["oneOf"][1]["pattern"], "30s")
     rate = schemas["RateLimit"]["properties"]["rate"]
     assert re.match(rate["oneOf"][1]["pattern"], "10/s")
+
+
+async def test_mcp_off_serves_no_mcp(sqlite_url: str, tmp_path: Path) -> None:
+    async with (
+        components_for(sqlite_url, write_tools(tmp_path), mcp=False) as c,
+        api_client(c) as client,
+    ):
+        answer = await client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer.status_code == 404
+        assert c.settings.mcp is False

@@ -19,7 +19,6 @@ from agent_reach_controller.api import executors, media, openapi, replay, tools
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
-from agent_reach_controller.api.mcp import McpGateway
 from agent_reach_controller.api.problems import (
     pointer_from_loc,
     problem_response,
@@ -348,6 +347,12 @@ def create_app(components_: Components) -> FastAPI:
     _install_fallback_handlers(app)
     openapi.install(app)
     # MCP Streamable HTTP (api/mcp.py): served while `app.state.mcp.running()` is entered.
-    app.state.mcp = McpGateway(components_)
-    app.router.routes.append(Route("/mcp", app.state.mcp, methods=["GET", "POST", "DELETE"]))
+    app.state.mcp = None
+    settings = getattr(components_, "settings", None)  # None: only the OpenAPI is wanted
+    if settings is None or settings.mcp:
+        # Imported here: the MCP SDK is not loaded by a controller that does not serve it.
+        from agent_reach_controller.api.mcp import McpGateway
+
+        app.state.mcp = McpGateway(components_)
+        app.router.routes.append(Route("/mcp", app.state.mcp, methods=["GET", "POST", "DELETE"]))
     return app
