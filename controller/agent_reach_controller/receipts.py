@@ -55,6 +55,8 @@ class Receipt:
     data: Any = None
     error: ReceiptError | None = None
     meta: ReceiptMeta
+    # A fan-out step's record: one row per child (target), whatever the step's outcome.
+    targets: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape of a receipt; `data` and `error` are left out when None."""
@@ -67,6 +69,8 @@ class Receipt:
                 "message": self.error.message,
                 "retryable": self.error.retryable,
             }
+        if self.targets is not None:
+            out["targets"] = self.targets
         m = self.meta
         out["meta"] = {
             "tool": m.tool,
@@ -96,6 +100,7 @@ class Receipt:
             )
             if isinstance(err, Mapping)
             else None,
+            targets=raw.get("targets"),
             meta=ReceiptMeta(
                 tool=str(meta.get("tool", "")),
                 step_id=str(meta.get("step_id", "")),

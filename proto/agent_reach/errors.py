@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     CAP_EXCEEDED = "cap_exceeded"
     REJECTED = "rejected"
     DESTINATION_REFUSED = "destination_refused"
+    PARTIALLY_DONE = "partially_done"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -116,6 +117,11 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
         retryable=False,
         http_status=403,
         title="Not called: the destination is not allowed for this tool",
+    ),
+    ErrorCode.PARTIALLY_DONE: ErrorKind(
+        retryable=False,
+        http_status=502,
+        title="Done for some targets of a fan-out step, not all (its record says which)",
     ),
     ErrorCode.REJECTED: ErrorKind(
         retryable=False, http_status=403, title="A person did not approve it"

@@ -43,6 +43,8 @@ class Transition(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
     CANCEL = "cancel"
+    # A fan-out step: every child succeeded (it never runs itself; its output records them).
+    GATHER = "gather"
     MARK_UNKNOWN = "mark_unknown"  # ambiguous failure of a non-idempotent tool
     RESOLVE_RETRY = "resolve_retry"  # operator: run it again
     RESOLVE_SUCCEEDED = "resolve_succeeded"  # operator: it did happen
@@ -70,6 +72,7 @@ STEP_TRANSITIONS: dict[Transition, tuple[frozenset[StepStatus], StepStatus]] = {
         frozenset({S.BLOCKED, S.READY, S.RUNNING, S.AWAITING_APPROVAL, S.OUTCOME_UNKNOWN}),
         S.CANCELLED,
     ),
+    T.GATHER: (frozenset({S.BLOCKED}), S.SUCCEEDED),
     T.MARK_UNKNOWN: (frozenset({S.RUNNING}), S.OUTCOME_UNKNOWN),
     T.RESOLVE_RETRY: (frozenset({S.OUTCOME_UNKNOWN}), S.READY),
     T.RESOLVE_SUCCEEDED: (frozenset({S.OUTCOME_UNKNOWN}), S.SUCCEEDED),

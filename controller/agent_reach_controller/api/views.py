@@ -8,9 +8,11 @@ from typing import Any
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus
 from agent_reach_controller.api import schemas
+from agent_reach_controller.planning import fanout
 from agent_reach_controller.planning.dialects import Answer, dialect_named
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.queries import TaskView
+from agent_reach_controller.storage.records import StepRow
 
 # The roles that may approve a tool's steps (to say who must decide on a pending call).
 Approvers = Callable[[str], list[str]]
@@ -82,6 +84,20 @@ def _usage(view: TaskView) -> schemas.TaskUsage:
     )
 
 
+# Which of a fan-out step's children says best what it waits on: a person first.
+_WAIT_ORDER = (
+    StepStatus.AWAITING_APPROVAL,
+    StepStatus.OUTCOME_UNKNOWN,
+    StepStatus.RUNNING,
+    StepStatus.READY,
+    StepStatus.BLOCKED,
+)
+
+
+def _most_waited_on(step: StepRow) -> int:
+    return _WAIT_ORDER.index(step.status) if step.status in _WAIT_ORDER else len(_WAIT_ORDER)
+
+
 def turn_replies(
     view: TaskView, *, budget: int, approvers: Approvers | None = None
 ) -> schemas.TurnReplies | None:
@@ -94,7 +110,13 @@ def turn_replies(
     url = f"/v1/tasks/{task.task_id}/replies"
     now = datetime.now(UTC)
     answers, pending = [], []
+    children: dict[str, list[StepRow]] = {}
+    for s in view.steps:
+        if (parent := fanout.parent_of(s.step_id)) is not None:
+            children.setdefault(parent, []).append(s)
     for s in sorted(view.steps, key=lambda s: s.position):
+        if s.step_id not in children and fanout.parent_of(s.step_id) is not None:
+            continue  # a fan-out step's child: its call is answered by the step
         if s.status in TERMINAL_STEP_STATES and s.receipt is not None:
             text = render_receipt_dict(
                 s.receipt, budget=budget, handle=output_handle(task.task_id, s.step_id)
@@ -103,15 +125,17 @@ def turn_replies(
                 Answer(call_id=s.step_id, text=text, is_error=s.status != StepStatus.SUCCEEDED)
             )
             continue
-        asking = s.status == StepStatus.AWAITING_APPROVAL
-        held = s.status == StepStatus.READY and s.not_before is not None and s.not_before > now
+        # A fan-out step waits on what its children wait on.
+        w = min(children[s.step_id], key=_most_waited_on) if s.step_id in children else s
+        asking = w.status == StepStatus.AWAITING_APPROVAL
+        held = w.status == StepStatus.READY and w.not_before is not None and w.not_before > now
         pending.append(
             schemas.PendingCall(
                 call_id=s.step_id,
-                status=s.status,
-                waiting_for="start" if held else _WAITING_FOR.get(s.status, "executor"),
-                approvers=approvers(s.tool) if asking and approvers is not None else None,
-                decide_by=s.decide_by if asking else None,
+                status=w.status,
+                waiting_for="start" if held else _WAITING_FOR.get(w.status, "executor"),
+                approvers=approvers(w.tool) if asking and approvers is not None else None,
+                decide_by=w.decide_by if asking else None,
                 replies_url=url,
             )
         )

@@ -11,9 +11,11 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
+from agent_reach_controller.planning import fanout
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
+from agent_reach_controller.receipts import project_output, redact_output
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -38,6 +40,7 @@ def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
     by_id = {s.step_id: s for s in data.steps}
     status: dict[str, StepStatus] = {s.step_id: s.status for s in data.steps}
     changes: list[StepChange] = []
+    decided: dict[str, Mapping[str, Any]] = {}  # what this pass set on the steps it ended
     progressed = True
     while progressed:
         progressed = False
@@ -46,8 +49,9 @@ def decide_unblocks(data: AdvanceInput) -> list[StepChange]:
                 continue
             if any(status[d] not in TERMINAL_STEP_STATES for d in step.depends_on):
                 continue
-            change = _decide_one(step, by_id=by_id, status=status, data=data)
+            change = _decide_one(step, by_id=by_id, status=status, decided=decided, data=data)
             changes.append(change)
+            decided[step.step_id] = change.values
             status[step.step_id] = target(change.transition)
             progressed = True
     return changes
@@ -58,9 +62,16 @@ def _decide_one(
     *,
     by_id: Mapping[str, StepRow],
     status: Mapping[str, StepStatus],
+    decided: Mapping[str, Mapping[str, Any]],
     data: AdvanceInput,
 ) -> StepChange:
     tool = data.tool_of(step.tool, step.tool_version)
+    if fanout.gathers(step.step_id, tool):
+        records = [
+            _record(n, by_id[d], status[d], decided.get(d, {}), tool)
+            for n, d in enumerate(step.depends_on)
+        ]
+        return _gather(step, tool, records, data)
     not_done = [d for d in step.depends_on if status[d] is not StepStatus.SUCCEEDED]
     if not_done:
         first = not_done[0]
@@ -91,7 +102,9 @@ def _unblock(
     except UnresolvedReferenceError as exc:
         message = f"argument {exc.pointer} could not be resolved: {exc.detail}"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
-    problems = validate_resolved_args(tool, resolved)
+    problems = validate_resolved_args(
+        tool, resolved, child=fanout.parent_of(step.step_id) is not None
+    )
     if problems:
         detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
         message = f"arguments are invalid after resolving references: {detail}"
@@ -117,6 +130,76 @@ def _unblock(
         values["concurrency_key"] = concurrency_key(tool, resolved)
     scheduled = {"run_at": step.run_at.isoformat()} if step.run_at is not None else None
     return StepChange(step=step, transition=Transition.UNBLOCK, values=values, event_data=scheduled)
+
+
+def _gather(
+    step: StepRow, tool: ToolSpec, records: list[dict[str, Any]], data: AdvanceInput
+) -> StepChange:
+    """A fan-out step once every child has ended: succeeded when all did, skipped when all were
+    (its dependencies or condition said so), else failed saying which did not; its output and
+    receipt hold a record of each child either way."""
+    assert tool.fan_out is not None
+    over = tool.fan_out.over
+    done = sum(1 for r in records if r["status"] == StepStatus.SUCCEEDED.value)
+    output = {"succeeded": done, "total": len(records), "records": records}
+    if done == len(records):
+        values = terminal_values(
+            step, tool=tool, transition=Transition.GATHER, now=data.now, output=output
+        )
+        # The records are already as receipts show them; the tool's `output` fields are a child's.
+        values["receipt"].update(data=output, targets=records)
+        return StepChange(step=step, transition=Transition.GATHER, values=values)
+    if all(r["status"] == StepStatus.SKIPPED.value for r in records):
+        transition, error = Transition.SKIP, records[0]["error"] or {}
+        code, message = error.get("code", ErrorCode.DEPENDENCY_FAILED), error.get("message", "")
+    else:
+        transition = Transition.FAIL
+        missed = [r for r in records if r["status"] != StepStatus.SUCCEEDED.value]
+        said = "; ".join(
+            f"{over}[{r['target']}] {r['status']}"
+            + (f": {r['error']['message']}" if r["error"] else "")
+            for r in missed[:5]
+        )
+        message = f"{done} of {len(records)} {over} succeeded; {said}"
+        code = (
+            ErrorCode.PARTIALLY_DONE
+            if done
+            else (missed[0]["error"] or {}).get("code", ErrorCode.INTERNAL)
+        )
+    error_value = {"code": str(code), "message": message, "retryable": False}
+    values = terminal_values(
+        step, tool=tool, transition=transition, now=data.now, output=output, error=error_value
+    )
+    values["receipt"]["targets"] = records
+    return StepChange(
+        step=step, transition=transition, values=values, event_data={"error": error_value}
+    )
+
+
+def _record(
+    n: int,
+    child: StepRow,
+    status: StepStatus,
+    decided: Mapping[str, Any],
+    tool: ToolSpec,
+) -> dict[str, Any]:
+    """One row of a fan-out step's record: what became of its `n`th target (`decided`: what
+    this pass set on the child, when it ended it), its output as a receipt shows it."""
+    error = decided.get("error", child.error)
+    finished_at = decided.get("finished_at", child.finished_at)
+    output = None
+    if status is StepStatus.SUCCEEDED:
+        output = project_output(redact_output(child.output, tool.redact), tool.output)
+    done_at = output.get("delivered_at") if isinstance(output, dict) else None
+    return {
+        "target": n,
+        "step_id": child.step_id,
+        "status": status.value,
+        "attempts": child.attempt,
+        "done_at": done_at or (finished_at.isoformat() if finished_at else None),
+        "error": {"code": error.get("code"), "message": error.get("message")} if error else None,
+        "output": output,
+    }
 
 
 def _end(

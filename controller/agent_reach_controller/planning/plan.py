@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from pydantic import ValidationError
 
 from agent_reach.errors import ErrorCode
-from agent_reach_controller.planning import effects, grounding, schedule
+from agent_reach_controller.planning import effects, fanout, grounding, schedule
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,
@@ -347,6 +347,8 @@ def parse_plan(
         _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:
             _check_grounding(draft, spec, context, sink)
+        if spec is not None and spec.fan_out is not None and isinstance(draft.args, dict):
+            sink.extend(fanout.problems(draft.step_id, spec, draft.args, draft.pointers["args"]))
         if per_call and spec is not None and permits is not None and not permits(spec.name):
             detail = f"you may not call tool {spec.name!r}"
             sink.add(draft.pointers["tool"], P.FORBIDDEN, detail)
@@ -378,7 +380,7 @@ def parse_plan(
         steps = [s for s in steps if s.step_id not in refused]
     return Plan(
         goal=turn.goal,
-        steps=tuple(steps),
+        steps=tuple(fanout.split(steps, catalog)),
         refused=tuple(_refusal(c) for c in checked if c.draft.step_id in refused),
         context=context,
         source=turn.dialect.name,
@@ -484,9 +486,20 @@ def _cap_problems(
                 pointer=base[step.step_id],
                 depends_on=step.depends_on,
                 conditional=step.when is not None,
-                charges=effects.known_charges(catalog[step.tool], step.args),
+                charges=_charges(catalog[step.tool], step.args),
             )
             for step in steps
         ],
         caps,
     )
+
+
+def _charges(tool: ToolSpec, args: dict[str, Any]) -> dict[str, float]:
+    """What a step is known to use of each cap at submit; a fan-out step's children's sum."""
+    if tool.fan_out is None:
+        return effects.known_charges(tool, args)
+    total: dict[str, float] = {}
+    for child in fanout.child_args(tool, args):
+        for name, units in effects.known_charges(tool, child).items():
+            total[name] = total.get(name, 0.0) + units
+    return total

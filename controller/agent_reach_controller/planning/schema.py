@@ -14,17 +14,19 @@ from agent_reach_controller.tools.catalog import ToolSpec
 
 _MAX_DETAIL = 300
 _CACHE_SIZE = 1024
-_validators: dict[tuple[str, str], Draft202012Validator] = {}
+_validators: dict[tuple[str, str, bool], Draft202012Validator] = {}
 
 
-def validator_for(tool: ToolSpec) -> Draft202012Validator:
-    """The validator of a tool's input schema, cached per (name, version)."""
-    key = (tool.name, tool.version)
+def validator_for(tool: ToolSpec, *, child: bool = False) -> Draft202012Validator:
+    """The validator of a tool's input schema (or of its fan-out children's), cached per (name,
+    version)."""
+    key = (tool.name, tool.version, child)
     validator = _validators.get(key)
     if validator is None:
         if len(_validators) >= _CACHE_SIZE:
             _validators.clear()
-        validator = _validators[key] = Draft202012Validator(tool.input_schema)
+        schema = tool.child_schema if child else tool.input_schema
+        validator = _validators[key] = Draft202012Validator(schema)
     return validator
 
 
@@ -67,6 +69,7 @@ def schema_problems(
     base: str,
     references: Iterable[str] = (),
     addressable: bool = True,
+    child: bool = False,
 ) -> list[Problem]:
     """invalid_arguments problems of `args`; pointers are `base` + the error's instance path.
 
@@ -75,7 +78,7 @@ def schema_problems(
     the detail instead.
     """
     refs = frozenset(references)
-    errors = sorted(validator_for(tool).iter_errors(args), key=_pointer_of)
+    errors = sorted(validator_for(tool, child=child).iter_errors(args), key=_pointer_of)
     problems: list[Problem] = []
     for error in errors:
         if _excused(error, refs):
@@ -95,6 +98,7 @@ def schema_problems(
     return problems
 
 
-def validate_resolved_args(tool: ToolSpec, args: Any) -> list[Problem]:
-    """Dispatch-time check of resolved arguments; pointers are relative to `/args`."""
-    return schema_problems(tool, args, base="/args")
+def validate_resolved_args(tool: ToolSpec, args: Any, *, child: bool = False) -> list[Problem]:
+    """Dispatch-time check of resolved arguments (`child`: of a fan-out step's child); pointers
+    are relative to `/args`."""
+    return schema_problems(tool, args, base="/args", child=child)

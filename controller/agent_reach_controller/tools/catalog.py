@@ -211,7 +211,7 @@ Units = Annotated[float | str, BeforeValidator(_units)]
 EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
 # Fields added after tools were first stored: left out of `version` while at their default, so
 # tools that do not use them keep the version (and the pinned tasks) they had.
-_VERSIONED_WHEN_SET = ("effects", "cost", "redact")
+_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out")
 
 
 class Timeouts(BaseModel):
@@ -267,6 +267,19 @@ def _check_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+class FanOut(BaseModel):
+    """A step of the tool runs as one child step per element of its array argument `over`
+    (each with its own attempts, backoff and idempotency key; the element is the child's argument
+    `as`), and ends with a record of every child: `notify` delivering to several targets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    over: str = Field(min_length=1)
+    as_: str = Field(alias="as", min_length=1)
+    # The most children one step may have (the array's length is fixed at submit).
+    max: int = Field(20, ge=1, le=100)
+
+
 class ToolSpec(BaseModel):
     """One tool: a named, configured use of a connector, as the model and the executor see it."""
 
@@ -315,6 +328,8 @@ class ToolSpec(BaseModel):
     effects: dict[EffectClass, Units] = Field(default_factory=dict, max_length=16)
     # Cost units of one call (a number or CEL over `args`), counted against `cost` caps.
     cost: Units | None = None
+    # Run each element of an array argument as its own child step (see FanOut).
+    fan_out: FanOut | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
@@ -336,6 +351,33 @@ class ToolSpec(BaseModel):
             if unknown:
                 raise ValueError(f"grounded names arguments the schema does not: {unknown}")
         return self
+
+    @model_validator(mode="after")
+    def _fan_out_is_over_an_array(self) -> ToolSpec:
+        if self.fan_out is None:
+            return self
+        known = self.input_schema.get("properties") or {}
+        over = known.get(self.fan_out.over)
+        if not isinstance(over, dict) or over.get("type") != "array":
+            raise ValueError(f"fan_out.over names no array argument: {self.fan_out.over!r}")
+        if self.fan_out.as_ in known:
+            raise ValueError(f"fan_out.as names an argument the tool has: {self.fan_out.as_!r}")
+        return self
+
+    @cached_property
+    def child_schema(self) -> dict[str, Any]:
+        """The input schema of one child of a fan-out step: the array argument replaced by one
+        of its elements. The tool's own schema when it does not fan out."""
+        if self.fan_out is None:
+            return self.input_schema
+        over, one = self.fan_out.over, self.fan_out.as_
+        schema = dict(self.input_schema)
+        properties = dict(schema["properties"])
+        properties[one] = properties.pop(over).get("items", {})
+        schema["properties"] = properties
+        if over in schema.get("required", ()):
+            schema["required"] = [one if name == over else name for name in schema["required"]]
+        return schema
 
     @model_validator(mode="after")
     def _cost_is_its_own_field(self) -> ToolSpec:
