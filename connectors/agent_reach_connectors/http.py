@@ -118,7 +118,7 @@ def _user_agent() -> str:
         return "agent-reach"
 
 
-class _Redactor:
+class Redactor:
     """Scrubs the secrets a config refers to out of a message, raw and URL-encoded.
 
     Built per call but read only when a message is made (an error, a host from a secret): the
@@ -146,7 +146,7 @@ class _Redactor:
         return message
 
 
-def _safe_url(url: URL) -> str:
+def safe_url(url: URL) -> str:
     """scheme://host[:port]/path only: queries and credentials may hold secrets."""
     port = f":{url.explicit_port}" if url.explicit_port else ""
     return f"{url.scheme}://{url.raw_host or ''}{port}{url.raw_path}"
@@ -420,6 +420,21 @@ class HttpConnector:
             raise _refused(tool, what, reason, allowable=False)
         name = netguard.normalize_host(url.raw_host or "")
         port = url.port or netguard.DEFAULT_PORTS[url.scheme]
+        addresses = await self.check_destination(tool, name, port, allow, what=what, wait=wait)
+        tls_name = url.scheme == "https" and netguard.parse_ip(name) is None
+        return _Destination(addresses, name if tls_name else None)
+
+    async def check_destination(
+        self, tool: str, host: str, port: int, allow: netguard.Allowlist, *, what: str, wait: float
+    ) -> tuple[netguard.IPAddress, ...]:
+        """The addresses `host:port` may be reached at: the host resolved once (`wait` seconds
+        at most) and every address checked against `netguard` and `allow`. Refused (a
+        `destination_refused` error naming `what` and why) before any connection otherwise.
+        Connect to one of these addresses only: never resolve the name again.
+
+        Also the guard of the notify connector's SMTP host.
+        """
+        name = netguard.normalize_host(host)
         literal = netguard.parse_ip(name)
         if literal is None and not allow.admits_name(name, port):
             reason = netguard.check_name(name)
@@ -429,8 +444,7 @@ class HttpConnector:
         reason = netguard.refusal(name, port, addresses, allow)
         if reason is not None:
             raise _refused(tool, what, reason)
-        server_name = name if url.scheme == "https" and literal is None else None
-        return _Destination(tuple(addresses), server_name)
+        return tuple(addresses)
 
     async def _lookup(
         self, tool: str, name: str, port: int, wait: float
@@ -452,7 +466,7 @@ class HttpConnector:
             raise ConnectorError(ErrorCode.CONNECTION_ERROR, f"{tool}: could not resolve {name}")
         return addresses
 
-    async def _open(
+    async def open_request(
         self,
         tool: str,
         request: HttpRequest,
@@ -462,7 +476,12 @@ class HttpConnector:
         where: str,
     ) -> aiohttp.ClientResponse:
         """Check the request's destination, then send it to a checked address (the next one
-        only if connecting to the previous failed, so nothing was sent)."""
+        only if connecting to the previous failed, so nothing was sent). No redirect is followed.
+
+        The answer is the caller's to read and release. Failures are classified as `invoke`'s
+        are: `what` names the destination in a refusal, `where` in a failed send (neither may
+        hold a secret). The notify connector sends its webhooks through here.
+        """
         url = request.url
         wait = request.timeout.sock_connect or CONNECT_TIMEOUT_CAP
         destination = await self._destination(tool, url, allow, what, wait)
@@ -490,7 +509,7 @@ class HttpConnector:
 
     async def invoke(self, call: ToolCall) -> Any:
         """Send the call's request; return its output or raise a classified ConnectorError."""
-        redact = _Redactor(call.config)
+        redact = Redactor(call.config)
         try:
             request = self.build_request(call)
         except ValueError:  # yarl's word for a URL it cannot read
@@ -521,7 +540,7 @@ class HttpConnector:
                 raise
 
     async def _send(
-        self, call: ToolCall, request: HttpRequest, redact: _Redactor, current: Span
+        self, call: ToolCall, request: HttpRequest, redact: Redactor, current: Span
     ) -> Any:
         """Send `request` and follow its redirects (each hop checked); the answer's output."""
         success = success_statuses(call.tool, call.config)
@@ -531,9 +550,11 @@ class HttpConnector:
         try:
             for hop in range(redirects + 1):
                 # Messages name the URL as it is; every error's message is redacted below.
-                where = _safe_url(request.url)
+                where = safe_url(request.url)
                 what = where if hop == 0 else f"the redirect to {where}"
-                response = await self._open(call.tool, request, allow, what=what, where=where)
+                response = await self.open_request(
+                    call.tool, request, allow, what=what, where=where
+                )
                 try:
                     status = response.status
                     current.set_attribute("http.response.status_code", status)

@@ -6,10 +6,10 @@ import pytest
 
 from agent_reach_connectors import Connector, ConnectorError, load_connectors, resolve_secrets
 
-ALL = {"http", "python", "echo", "sleep", "script"}
+ALL = {"http", "python", "echo", "sleep", "script", "notify"}
 
 
-def test_load_connectors_finds_all_five() -> None:
+def test_load_connectors_finds_every_built_in_one() -> None:
     found = load_connectors()
     assert set(found) >= ALL
     for name in ALL:

@@ -39,8 +39,9 @@ class Response:
     """One scripted answer.
 
     `json` is sent as `application/json` (default `{}`), unless `body` is given (sent with
-    `content_type`). `retry_after` becomes a Retry-After header (seconds or an HTTP-date string).
-    `delay` waits before answering. `drop` closes the connection after reading the request
+    `content_type`); a 1xx, 204 or 304 answer carries no body, as HTTP requires. `retry_after`
+    becomes a Retry-After header (seconds or an HTTP-date string). `delay` waits before
+    answering. `drop` closes the connection after reading the request
     without answering; `reset` does the same with a TCP RST. `applied` overrides whether the
     request's effect counts as applied (default: a 2xx that is actually answered). `echo` adds a
     `delivery` object to the JSON answer (`seq`, `key` and the `x-executor` header), so a caller's
@@ -182,9 +183,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, response: Response, delivery: Delivery) -> None:
         data, content_type = response.payload(delivery)
+        # HTTP forbids a body (and its length) on 1xx, 204 and 304: a client reading one there
+        # would take it for the start of the next answer on the connection.
+        bodiless = response.status < 200 or response.status in (204, 304)
+        if bodiless:
+            data = b""
         self.send_response(response.status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
+        if not bodiless:
+            self.send_header("Content-Length", str(len(data)))
         if response.retry_after is not None:
             self.send_header("Retry-After", str(response.retry_after))
         for name, value in response.headers:
