@@ -8,6 +8,7 @@ from agent_reach_connectors.base import (
     load_connectors,
     resolve_secrets,
 )
+from agent_reach_connectors.pytools import tool
 
 __all__ = [
     "Connector",
@@ -16,4 +17,5 @@ __all__ = [
     "ToolCall",
     "load_connectors",
     "resolve_secrets",
+    "tool",
 ]

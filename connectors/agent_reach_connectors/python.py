@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach_connectors.base import ConnectorError, ToolCall
+from agent_reach_connectors.pytools import PythonTool, ValidationError, tool_of
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ class PythonConnector:
     other exception becomes a non-retryable `connector_error` whose message names only the
     exception type (`"tool: KeyError"`), because exception text may carry secrets; the full
     traceback goes to the executor's log for engineers. Arguments that do not fit the
-    function's signature are `invalid_arguments`. Imported callables are cached per path.
+    function's signature are `invalid_arguments`; a function marked `@tool` also gets them
+    validated and converted to its type hints first. Imported callables are cached per path.
     """
 
     name = "python"
@@ -68,13 +70,13 @@ class PythonConnector:
     async def invoke(self, call: ToolCall) -> Any:
         """Call the function with `call.args`; return its JSON-serialisable result."""
         target = self._function(call.tool, call.config.get("function"))
-        target.check(call.tool, call.args)
+        args = target.check(call.tool, call.args)
         function = target.call
         try:
             if target.is_async:
-                result = await function(**call.args)
+                result = await function(**args)
             else:
-                result = await asyncio.to_thread(function, **call.args)
+                result = await asyncio.to_thread(function, **args)
                 if inspect.isawaitable(result):
                     result = await result
         except ConnectorError:
@@ -106,6 +108,7 @@ class _Function:
     call: Callable[..., Any]
     signature: inspect.Signature | None  # None: a builtin without one (the call decides)
     is_async: bool
+    declared: PythonTool | None  # what @tool recorded, if the function is marked
 
     @classmethod
     def of(cls, function: Callable[..., Any]) -> _Function:
@@ -115,13 +118,34 @@ class _Function:
             signature = None
         method = getattr(function, "__call__", None)  # noqa: B004  (async callable objects)
         is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(method)
-        return cls(call=function, signature=signature, is_async=is_async)
+        declared = tool_of(function)
+        return cls(call=function, signature=signature, is_async=is_async, declared=declared)
 
-    def check(self, tool: str, args: Mapping[str, Any]) -> None:
-        """Bind before calling, so a TypeError inside the function is not blamed on the
-        arguments."""
+    def check(self, tool: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The arguments to call with, checked before calling, so that a TypeError (or a
+        ValidationError) inside the function is not blamed on them."""
+        if self.declared is not None:
+            try:
+                return self.declared.arguments(dict(args))
+            except ValidationError as exc:
+                raise _invalid(tool, exc) from None
         if self.signature is not None:
             _check_arguments(tool, self.signature, args)
+        return args
+
+
+def _invalid(tool: str, exc: ValidationError) -> ConnectorError:
+    """The problems of each argument, named by its path; never the values (they may be long,
+    or secret)."""
+    said = [
+        f"{'.'.join(str(p) for p in error['loc']) or '(arguments)'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)[:5]
+    ]
+    return ConnectorError(
+        ErrorCode.INVALID_ARGUMENTS,
+        f"{tool}: the arguments do not fit the function: {'; '.join(said)}",
+        retryable=False,
+    )
 
 
 def _check_arguments(tool: str, signature: inspect.Signature, args: Mapping[str, Any]) -> None:

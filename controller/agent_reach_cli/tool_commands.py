@@ -6,6 +6,7 @@ reach tools update tool.yaml      a new version of it (--if-revision N: only if 
 reach tools disable|enable|delete NAME
 reach tools export > tools.yaml   the catalogue as a tools file
 reach tools import tools.yaml     make the catalogue hold it (--prune, --dry-run)
+reach tools import-python acme.tools   add its @tool functions (--print: the YAML only)
 """
 
 from __future__ import annotations
@@ -120,6 +121,35 @@ def import_(args: argparse.Namespace) -> int:
     return _done(_request("POST", url, args, content=text, headers=headers, params=params))
 
 
+def import_python(args: argparse.Namespace) -> int:
+    """The `@tool` functions of Python modules, as tools of the `python` connector."""
+    import importlib
+
+    from agent_reach_connectors.pytools import tools_in
+
+    sys.path.insert(0, str(Path.cwd()))  # modules beside you, as `python -m` finds them
+    definitions: list[dict[str, Any]] = []
+    for name in args.modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # its own code ran: say what it raised, and stop
+            print(f"reach: cannot import {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        found = tools_in(module)
+        if not found:
+            print(f"reach: {name} defines no @tool function", file=sys.stderr)
+            return 2
+        definitions += [t.definition() for t in found]
+    text = yaml.safe_dump({"tools": definitions}, sort_keys=False, allow_unicode=True)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    params = {"prune": "false", "dry_run": str(args.dry_run).lower()}
+    headers = {"Content-Type": "application/yaml"}
+    url = f"{_url(args)}/v1/tools:import"
+    return _done(_request("POST", url, args, content=text, headers=headers, params=params))
+
+
 def _list_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """`reach tools [list]` flags; `inherited` as in add_client_flags."""
     formats = ["native", "openai_chat", "openai_responses", "anthropic", "mcp", "openai"]
@@ -177,4 +207,12 @@ def add_parser(sub: Any) -> None:
     p = add("import", import_, "make the catalogue hold a tools file's definitions")
     p.add_argument("file")
     p.add_argument("--prune", action="store_true", help="delete tools the file does not define")
+    p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+    p = add(
+        "import-python",
+        import_python,
+        "add or update the @tool functions of Python modules (importable where executors run)",
+    )
+    p.add_argument("modules", nargs="+", metavar="MODULE", help="e.g. acme.tools")
+    p.add_argument("--print", action="store_true", help="write the tools YAML, change nothing")
     p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
