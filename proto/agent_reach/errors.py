@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     REJECTED = "rejected"
     DESTINATION_REFUSED = "destination_refused"
     PARTIALLY_DONE = "partially_done"
+    UNVERIFIED = "unverified"
     # API problems (submit-time).
     INVALID_PLAN = "invalid_plan"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
@@ -122,6 +123,11 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
         retryable=False,
         http_status=502,
         title="Done for some targets of a fan-out step, not all (its record says which)",
+    ),
+    ErrorCode.UNVERIFIED: ErrorKind(
+        retryable=False,
+        http_status=502,
+        title="Written, but reading it back did not show the write (the tool's check)",
     ),
     ErrorCode.REJECTED: ErrorKind(
         retryable=False, http_status=403, title="A person did not approve it"

@@ -45,6 +45,8 @@ class Transition(StrEnum):
     CANCEL = "cancel"
     # A fan-out step: every child succeeded (it never runs itself; its output records them).
     GATHER = "gather"
+    # A verified write whose check did not hold, its tool asking a person (outcome_unknown).
+    DOUBT = "doubt"
     MARK_UNKNOWN = "mark_unknown"  # ambiguous failure of a non-idempotent tool
     RESOLVE_RETRY = "resolve_retry"  # operator: run it again
     RESOLVE_SUCCEEDED = "resolve_succeeded"  # operator: it did happen
@@ -73,6 +75,7 @@ STEP_TRANSITIONS: dict[Transition, tuple[frozenset[StepStatus], StepStatus]] = {
         S.CANCELLED,
     ),
     T.GATHER: (frozenset({S.BLOCKED}), S.SUCCEEDED),
+    T.DOUBT: (frozenset({S.BLOCKED}), S.OUTCOME_UNKNOWN),
     T.MARK_UNKNOWN: (frozenset({S.RUNNING}), S.OUTCOME_UNKNOWN),
     T.RESOLVE_RETRY: (frozenset({S.OUTCOME_UNKNOWN}), S.READY),
     T.RESOLVE_SUCCEEDED: (frozenset({S.OUTCOME_UNKNOWN}), S.SUCCEEDED),

@@ -45,6 +45,8 @@ DESIGN_EDGES = {
     ("ready", "ready"),
     # A fan-out step (issue 14) never runs: it ends from blocked once its children have.
     ("blocked", "succeeded"),
+    # A verified write whose check did not hold waits for a person (its tool says ask).
+    ("blocked", "outcome_unknown"),
 }
 
 

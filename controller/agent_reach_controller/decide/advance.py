@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,13 +11,13 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
-from agent_reach_controller.planning import fanout
+from agent_reach_controller.planning import fanout, verify
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
 from agent_reach_controller.receipts import project_output, redact_output
 from agent_reach_controller.storage.records import StepChange, StepRow
-from agent_reach_controller.tools.catalog import ToolSpec
+from agent_reach_controller.tools.catalog import ToolSpec, Verify
 
 ToolLookup = Callable[[str, str], ToolSpec]
 
@@ -66,12 +66,9 @@ def _decide_one(
     data: AdvanceInput,
 ) -> StepChange:
     tool = data.tool_of(step.tool, step.tool_version)
-    if fanout.gathers(step.step_id, tool):
-        records = [
-            _record(n, by_id[d], status[d], decided.get(d, {}), tool)
-            for n, d in enumerate(step.depends_on)
-        ]
-        return _gather(step, tool, records, data)
+    special = _decide_children(step, tool, by_id=by_id, status=status, decided=decided, data=data)
+    if special is not None:
+        return special
     not_done = [d for d in step.depends_on if status[d] is not StepStatus.SUCCEEDED]
     if not_done:
         first = not_done[0]
@@ -91,6 +88,115 @@ def _decide_one(
             message = f"skipped because its condition is false: {step.when_expr}"
             return _end(step, tool, data, Transition.SKIP, (ErrorCode.CONDITION_FALSE, message))
     return _unblock(step, tool, outputs, data)
+
+
+def _decide_children(
+    step: StepRow,
+    tool: ToolSpec,
+    *,
+    by_id: Mapping[str, StepRow],
+    status: Mapping[str, StepStatus],
+    decided: Mapping[str, Mapping[str, Any]],
+    data: AdvanceInput,
+) -> StepChange | None:
+    """A step with children (fan-out, verified write) or a link of a verified write's chain,
+    decided; None for any other step."""
+    if fanout.gathers(step.step_id, tool):
+        if tool.verify is not None:
+            return _gather_verified(step, tool, tool.verify, by_id, status, data)
+        records = [
+            _record(n, by_id[d], status[d], decided.get(d, {}), tool)
+            for n, d in enumerate(step.depends_on)
+        ]
+        return _gather(step, tool, records, data)
+    if (link := verify.link(step.step_id)) is not None and link[0] in by_id:
+        parent = by_id[link[0]]
+        check = data.tool_of(parent.tool, parent.tool_version).verify
+        if check is not None and all(status[d] is StepStatus.SUCCEEDED for d in step.depends_on):
+            return _decide_link(step, tool, check, link, by_id, data)
+    return None
+
+
+def _decide_link(
+    step: StepRow,
+    tool: ToolSpec,
+    check: Verify,
+    link: tuple[str, int],
+    by_id: Mapping[str, StepRow],
+    data: AdvanceInput,
+) -> StepChange:
+    """A link of a verified write's chain whose dependencies succeeded: a check gets its
+    arguments from the write it reads back; a rewrite runs only if the last check did not hold."""
+    parent, n = link
+    outputs = {d: by_id[d].output for d in step.depends_on}
+    if n % 2 == 1:
+        write = by_id[fanout.child_id(parent, n - 1)]
+        try:
+            args = verify.check_args(check, write.resolved_args or write.args, write.output)
+        except ConditionError as exc:
+            message = f"the check's arguments could not be computed: {exc}"
+            return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+        return _unblock(replace(step, args=args), tool, outputs, data)
+    if n > 0:
+        write = by_id[fanout.child_id(parent, n - 2)]
+        read = by_id[fanout.child_id(parent, n - 1)]
+        verdict = verify.holds(check, write.resolved_args or write.args, write.output, read.output)
+        if verdict.holds is not False:
+            message = f"not written again: {verdict.reason}"
+            return _end(step, tool, data, Transition.SKIP, (ErrorCode.CONDITION_FALSE, message))
+    return _unblock(step, tool, outputs, data)
+
+
+def _gather_verified(
+    step: StepRow,
+    tool: ToolSpec,
+    check: Verify,
+    by_id: Mapping[str, StepRow],
+    status: Mapping[str, StepStatus],
+    data: AdvanceInput,
+) -> StepChange:
+    """A verified write once its chain has ended, decided by the last write that ran and its
+    check: succeeded and verified; failed as the write failed; or, when the check did not
+    hold (or could not run), the tool's policy: failed `unverified`, or a person's call."""
+    chain = list(step.depends_on)
+    ran = [n for n in range(0, len(chain), 2) if status[chain[n]] is not StepStatus.SKIPPED]
+    if not ran:  # the first write was skipped: its dependencies or condition said so
+        first = by_id[chain[0]]
+        error = first.error or {}
+        code = error.get("code", ErrorCode.DEPENDENCY_FAILED)
+        return _end(step, tool, data, Transition.SKIP, (code, error.get("message", "")))
+    write, read = by_id[chain[ran[-1]]], by_id[chain[ran[-1] + 1]]
+    writes = len(ran)
+    base = replace(step, attempt=writes)  # what the receipt says; the row's guard keeps `step`
+    if status[write.step_id] is not StepStatus.SUCCEEDED:
+        error = write.error or {}
+        code = error.get("code", ErrorCode.INTERNAL)
+        said = error.get("message", f"the write {status[write.step_id].value}")
+        return replace(_end(base, tool, data, Transition.FAIL, (code, said)), step=step)
+    if status[read.step_id] is not StepStatus.SUCCEEDED:
+        reason = (read.error or {}).get("message", f"it {status[read.step_id].value}")
+        verdict = verify.Verdict(None, f"the check ({check.tool}) did not run to the end: {reason}")
+    else:
+        args = write.resolved_args or write.args
+        verdict = verify.holds(check, args, write.output, read.output)
+    if verdict.holds:
+        values = terminal_values(
+            base, tool=tool, transition=Transition.GATHER, now=data.now, output=write.output
+        )
+        values["receipt"]["meta"]["verified"] = True
+        return StepChange(step=step, transition=Transition.GATHER, values=values)
+    tries = f"{writes} write{'s' if writes > 1 else ''}"
+    if check.on_mismatch == "ask":
+        event = {"reason": f"written ({tries}) but not verified: {verdict.reason}"}
+        values = {"output": write.output}
+        return StepChange(step=step, transition=Transition.DOUBT, values=values, event_data=event)
+    message = f"written ({tries}) but not verified: {verdict.reason}"
+    ended = _end(base, tool, data, Transition.FAIL, (ErrorCode.UNVERIFIED, message))
+    values = {**ended.values, "output": write.output}
+    values["receipt"]["meta"]["verified"] = False
+    return StepChange(
+        step=step, transition=Transition.FAIL, values=values, event_data=ended.event_data
+    )
 
 
 def _unblock(
@@ -207,7 +313,7 @@ def _end(
     tool: ToolSpec,
     data: AdvanceInput,
     transition: Transition,
-    error: tuple[ErrorCode, str],
+    error: tuple[ErrorCode | str, str],
 ) -> StepChange:
     code, message = error
     values = terminal_values(
@@ -215,7 +321,7 @@ def _end(
         tool=tool,
         transition=transition,
         now=data.now,
-        error={"code": code.value, "message": message, "retryable": False},
+        error={"code": str(code), "message": message, "retryable": False},
     )
     return StepChange(
         step=step, transition=transition, values=values, event_data={"error": values["error"]}

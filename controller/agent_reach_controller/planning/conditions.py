@@ -115,8 +115,16 @@ def evaluate_key(source: str, args: Mapping[str, Any]) -> Any:
 
     Raises ConditionError when it cannot be evaluated (a missing key, a type error).
     """
+    return evaluate_over(source, {"args": dict(args)})
+
+
+def evaluate_over(source: str, variables: Mapping[str, Any]) -> Any:
+    """A tool expression's value with `variables` (checked for names when the tool was loaded).
+
+    Raises ConditionError when it cannot be evaluated (a missing key, a type error).
+    """
     try:
-        return _compiled(source).execute({"args": dict(args)})
+        return _compiled(source).execute(dict(variables))
     except KeyError as exc:
         raise ConditionError(f"{source!r}: no such key: {exc.args[0]!r}") from None
     except Exception as exc:  # the engine's TypeError, RuntimeError, ValueError

@@ -34,8 +34,9 @@ def parent_of(step_id: str) -> str | None:
 
 
 def gathers(step_id: str, tool: ToolSpec) -> bool:
-    """Whether the step is a fan-out step (it waits on its children and never runs)."""
-    return tool.fan_out is not None and parent_of(step_id) is None
+    """Whether the step is a fan-out or verified step: it waits on its children, never runs."""
+    has_children = tool.fan_out is not None or tool.verify is not None
+    return has_children and parent_of(step_id) is None
 
 
 def problems(step_id: str, tool: ToolSpec, args: Mapping[str, Any], base: str) -> list[Problem]:

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 from pydantic import ValidationError
 
 from agent_reach.errors import ErrorCode
-from agent_reach_controller.planning import effects, fanout, grounding, schedule
+from agent_reach_controller.planning import effects, fanout, grounding, schedule, verify
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,
@@ -70,6 +70,8 @@ class PlannedStep:
     priority: int = 0  # higher is dispatched first; the plan's unless the step sets its own
     run_at: datetime | None = None  # not before this instant (UTC)
     delay_s: float | None = None  # not before this long after the task is accepted
+    # The step whose idempotency key this one carries (a verified write's every try: its own).
+    key_of: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -380,7 +382,7 @@ def parse_plan(
         steps = [s for s in steps if s.step_id not in refused]
     return Plan(
         goal=turn.goal,
-        steps=tuple(fanout.split(steps, catalog)),
+        steps=tuple(verify.split(fanout.split(steps, catalog), catalog)),
         refused=tuple(_refusal(c) for c in checked if c.draft.step_id in refused),
         context=context,
         source=turn.dialect.name,

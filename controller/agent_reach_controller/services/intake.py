@@ -324,7 +324,7 @@ def _step_rows(
                     if step.timeouts
                     else None
                 ),
-                "idempotency_key": step_idempotency_key(task_id, step.step_id),
+                "idempotency_key": step_idempotency_key(task_id, step.key_of or step.step_id),
                 "run_at": step.run_at
                 if step.delay_s is None
                 else now + timedelta(seconds=step.delay_s),

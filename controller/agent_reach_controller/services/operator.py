@@ -15,6 +15,7 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepStatus, Transition
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import decide_resolution, start_by, terminal_values
+from agent_reach_controller.planning import fanout
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.services.queries import (
     StepNotFoundError,
@@ -30,8 +31,10 @@ from agent_reach_controller.storage.records import StepChange, StepRow
 class StepNotResolvableError(Exception):
     """Only a step in `outcome_unknown` can be resolved by an operator."""
 
-    def __init__(self, step_id: str, status: str) -> None:
-        super().__init__(f"step {step_id!r} is {status}; only outcome_unknown steps are resolved")
+    def __init__(self, step_id: str, status: str, why: str | None = None) -> None:
+        super().__init__(
+            why or f"step {step_id!r} is {status}; only outcome_unknown steps are resolved"
+        )
         self.status = status
 
 
@@ -171,6 +174,12 @@ class OperatorService:
             step = await _step_of(tx, data.task_id, data.step_id)
             if step.status is not StepStatus.OUTCOME_UNKNOWN:
                 raise StepNotResolvableError(step.step_id, step.status.value)
+            if data.action == "retry" and fanout.gathers(step.step_id, tx.tool(step)):
+                why = (
+                    f"step {step.step_id!r} never runs itself (its children did): say "
+                    "'succeeded' or 'failed', or submit it again"
+                )
+                raise StepNotResolvableError(step.step_id, step.status.value, why)
             change = decide_resolution(
                 step,
                 action=data.action,

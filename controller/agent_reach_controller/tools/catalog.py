@@ -211,7 +211,7 @@ Units = Annotated[float | str, BeforeValidator(_units)]
 EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
 # Fields added after tools were first stored: left out of `version` while at their default, so
 # tools that do not use them keep the version (and the pinned tasks) they had.
-_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out")
+_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out", "verify")
 
 
 class Timeouts(BaseModel):
@@ -280,6 +280,46 @@ class FanOut(BaseModel):
     max: int = Field(20, ge=1, le=100)
 
 
+# What a write's check sees: the write's resolved arguments, its output, and the check's output.
+VERIFY_VARIABLES = frozenset({"args", "output", "check"})
+
+
+class Verify(BaseModel):
+    """Read after write: once the write succeeds, `tool` (a read tool) runs with `args` (CEL over
+    the write's `args` and `output`), and `condition` (CEL over `args`, `output` and `check`,
+    the read's output) must hold. On a mismatch: `fail` (error `unverified`), `retry` (write
+    again under the same idempotency key and check again, `attempts` writes in all), or `ask`
+    (the step waits in outcome_unknown for a person)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    tool: str = Field(min_length=1)
+    args: dict[str, str] = Field(default_factory=dict)
+    condition: str = Field(min_length=1)
+    on_mismatch: Literal["fail", "retry", "ask"] = "fail"
+    attempts: int = Field(2, ge=1, le=5)
+
+    @field_validator("args")
+    @classmethod
+    def _args_are_cel(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if not (info.context or {}).get("stored"):
+            for name, source in value.items():
+                check_names(source, variables=frozenset({"args", "output"}), what=f"args.{name}")
+        return value
+
+    @field_validator("condition")
+    @classmethod
+    def _condition_is_cel(cls, value: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get("stored"):
+            return value
+        return check_names(value, variables=VERIFY_VARIABLES, what="condition")
+
+    @property
+    def writes(self) -> int:
+        """How many times the write may run."""
+        return self.attempts if self.on_mismatch == "retry" else 1
+
+
 class ToolSpec(BaseModel):
     """One tool: a named, configured use of a connector, as the model and the executor see it."""
 
@@ -330,6 +370,8 @@ class ToolSpec(BaseModel):
     cost: Units | None = None
     # Run each element of an array argument as its own child step (see FanOut).
     fan_out: FanOut | None = None
+    # Check a write by reading it back (see Verify).
+    verify: Verify | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
@@ -362,6 +404,14 @@ class ToolSpec(BaseModel):
             raise ValueError(f"fan_out.over names no array argument: {self.fan_out.over!r}")
         if self.fan_out.as_ in known:
             raise ValueError(f"fan_out.as names an argument the tool has: {self.fan_out.as_!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _verify_is_for_writes(self) -> ToolSpec:
+        if self.verify is not None and self.risk == "read":
+            raise ValueError("verify applies to tools with risk: write or dangerous")
+        if self.verify is not None and self.fan_out is not None:
+            raise ValueError("a tool may fan out or verify, not both")
         return self
 
     @cached_property
@@ -473,6 +523,20 @@ def _load_file(path: Path) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
     return _validate_entries(source, key, entries)
 
 
+def _verify_errors(tools: Mapping[str, ToolSpec]) -> list[str]:
+    """Every check names another known tool that only reads."""
+    errors = []
+    for spec in tools.values():
+        if spec.verify is None:
+            continue
+        check, named = tools.get(spec.verify.tool), f"tool {spec.name!r}: verify.tool"
+        if check is None:
+            errors.append(f"{named} {spec.verify.tool!r} is not a known tool")
+        elif check.risk != "read" or check.verify is not None or check.fan_out is not None:
+            errors.append(f"{named} {check.name!r} must be a plain read tool")
+    return errors
+
+
 def _fallback_errors(tools: Mapping[str, ToolSpec]) -> list[str]:
     """Every fallback names another known tool, and no chain of fallbacks loops."""
     errors = []
@@ -517,6 +581,7 @@ class ToolCatalog(Mapping[str, ToolSpec]):
             tools[spec.name] = spec
             by_openai[mapped] = spec.name
         errors += _fallback_errors(tools)
+        errors += _verify_errors(tools)
         if errors:
             raise ToolFileError(errors)
         self._tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
