@@ -19,6 +19,7 @@ from agent_reach import metrics as m
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import AttemptResult
+from agent_reach_controller.planning import fanout
 from agent_reach_controller.storage.engine import Connection, after_commit
 from agent_reach_controller.storage.records import QueuedGroup, StepChange, StepRow
 
@@ -34,6 +35,16 @@ def _outcome(transition: Transition) -> str:
 def _reason(change: StepChange) -> str:
     code = (change.values.get("error") or {}).get("code")
     return code if code in _CODES else m.OTHER
+
+
+def _channel(step: StepRow) -> str | None:
+    """The channel of a fan-out child's target (`{"channel": "email", …}`), bounded to
+    `m.CHANNELS`; None when its target names none (a fan-out that is not a delivery)."""
+    for value in (step.resolved_args or step.args).values():
+        if isinstance(value, Mapping) and "channel" in value:
+            said = value["channel"]
+            return said if said in m.CHANNELS else m.OTHER
+    return None
 
 
 def _exemplar(step: StepRow) -> dict[str, str]:
@@ -120,6 +131,12 @@ class ControllerMetrics:
             m.STEPS,
             "Attempts the controller closed, by what became of the step (retried: queued again).",
             [m.TOOL, m.OUTCOME],
+            registry=r,
+        )
+        self._deliveries = Counter(
+            m.DELIVERIES,
+            "Attempts to reach one target of a fan-out step, by channel and what became of it.",
+            [m.TOOL, m.CHANNEL, m.OUTCOME],
             registry=r,
         )
         self._retries = Counter(
@@ -248,6 +265,8 @@ class ControllerMetrics:
         self._child(self._steps, step.tool, outcome).inc(exemplar=exemplar)
         if outcome == m.RETRIED:
             self._child(self._retries, step.tool, _reason(change)).inc(exemplar=exemplar)
+        if fanout.parent_of(step.step_id) is not None and (channel := _channel(step)):
+            self._child(self._deliveries, step.tool, channel, outcome).inc(exemplar=exemplar)
         if result is not None and result.started_at and result.finished_at:
             ran = max(0.0, (result.finished_at - result.started_at).total_seconds())
             self._child(self._duration, step.tool, outcome).observe(ran, exemplar=exemplar)

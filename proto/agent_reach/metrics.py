@@ -27,6 +27,8 @@ STEPS: Final = "agent_reach_steps"  # counter {tool, outcome}
 # the submit's own transaction.
 STEPS_LEASED: Final = "agent_reach_steps_leased"  # counter {path}: see LEASE_PATHS
 RETRIES: Final = "agent_reach_retries"  # counter {tool, reason}
+# Attempts to reach one target of a fan-out step (notify), by channel: see CHANNELS.
+DELIVERIES: Final = "agent_reach_deliveries"  # counter {tool, channel, outcome}
 RATE_LIMITED: Final = "agent_reach_rate_limited"  # counter {tool}: steps a bucket deferred
 TOOL_PAUSES: Final = "agent_reach_tool_pauses"  # counter {tool}: a downstream said slow down
 BREAKER_STATE: Final = "agent_reach_breaker_state"  # gauge {tool}: see BREAKER_STATES
@@ -53,6 +55,7 @@ SWEEP: Final = "sweep"
 PATH: Final = "path"
 STATE: Final = "state"
 RESULT: Final = "result"
+CHANNEL: Final = "channel"
 
 # The exemplar label every histogram observation carries: the task's W3C trace id.
 TRACE_ID: Final = "trace_id"
@@ -65,6 +68,8 @@ SUCCEEDED: Final = "succeeded"
 FAILED: Final = "failed"
 # `reason` of a retry whose error code is not one of ours (a plugin's own code).
 OTHER: Final = "other"
+# `channel` of a delivery: the target's own word when it is one of these, else OTHER.
+CHANNELS: Final = frozenset({"webhook", "slack", "email"})
 # `path` of a lease.
 CLAIMED: Final = "claimed"
 HANDED_OFF: Final = "handed_off"

@@ -101,6 +101,12 @@ async def test_each_target_is_its_own_step_and_the_step_records_them_all(
         assert rows[1]["error"] is None
         events = (await api.get(f"/v1/tasks/{task_id}/events")).json()["events"]
         assert ("tell", "gather") in [(e["step_id"], e["kind"]) for e in events]
+        # Each target's attempts are counted by channel, for the delivery alert.
+        delivered = "agent_reach_deliveries_total"
+        tool = "notify.send"
+        assert c.metrics.total(delivered, tool=tool, channel="webhook", outcome="succeeded") == 1
+        assert c.metrics.total(delivered, tool=tool, channel="email", outcome="retried") == 1
+        assert c.metrics.total(delivered, tool=tool, channel="email", outcome="succeeded") == 1
 
 
 async def claim_when_due(c: Components) -> list[StepRow]:

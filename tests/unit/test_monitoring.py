@@ -57,7 +57,8 @@ def alert_rules() -> list[dict[str, Any]]:
 
 
 def test_the_alert_rules_are_valid(promtool: str) -> None:
-    assert "SUCCESS: 9 rules found" in promtool_ok(promtool, "check", "rules", str(ALERTS))
+    said = promtool_ok(promtool, "check", "rules", str(ALERTS))
+    assert f"SUCCESS: {len(alert_rules())} rules found" in said
 
 
 def test_the_alert_rules_pass_their_unit_tests(promtool: str) -> None:
