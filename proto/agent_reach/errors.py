@@ -42,6 +42,11 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
+# What a connector says (with code `tool_unavailable`) when a remote tool's definition is no longer
+# the one approved (an MCP server changed it): the controller then disables the tool.
+DEFINITION_CHANGED = "definition changed"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorKind:
     retryable: bool

@@ -234,3 +234,15 @@ def test_a_stored_version_with_a_name_checked_only_since_still_loads() -> None:
     loaded = ToolSpec.model_validate(spec, context=STORED)
     assert loaded.rate_limit is not None
     assert loaded.rate_limit.key == "customer.id"
+
+
+def test_a_tool_that_asks_to_write_must_say_it_writes() -> None:
+    reading = {
+        "name": "orders.fix",
+        "description": "Fixes an order row.",
+        "connector": "sql",
+        "config": {"write": True, "query": "UPDATE orders SET status = %(status)s"},
+    }
+    with pytest.raises(ValueError, match="config.write: true needs risk: write or dangerous"):
+        ToolSpec.model_validate(reading)
+    assert ToolSpec.model_validate({**reading, "risk": "write"}).config["write"] is True

@@ -7,9 +7,12 @@ one compare-and-set, the tasks advanced, breakers and learned pauses updated, wa
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent_reach.errors import DEFINITION_CHANGED, ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.decide.outcomes import AttemptResult, decide_result
 from agent_reach_controller.metrics import ControllerMetrics
@@ -19,6 +22,8 @@ from agent_reach_controller.services.sessions import Session, SessionService
 from agent_reach_controller.services.tool_health import ToolHealth
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.storage.records import StepChange, StepRow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,10 +88,30 @@ class ReportingService:
             await tx.lock_steps([r.step_key for r in results])
             caller = Caller(holder=session.id if session else executor_id, session=session)
             acks, opened = await self._apply(tx, results, caller=caller)
+            changed = {
+                tx.steps[r.step_key].tool
+                for r, ack in zip(results, acks, strict=True)
+                if ack.accepted and _definition_changed(r)
+            }
+        for tool in sorted(changed):
+            await self._disable_changed(tool)
         catalog = self._registry.catalog
         if any((b := catalog[t].breaker) and b.while_open == "fail_fast" for t in opened):
             await self._expiry.fail_fast_open()
         return acks
+
+    async def _disable_changed(self, tool: str) -> None:
+        """A remote tool's definition is no longer the one approved (an MCP server changed it):
+        disable the tool until someone looks at it and enables it again (rug-pull defence)."""
+        log.warning(
+            "tool %s: its remote definition changed; disabled until re-approved",
+            tool,
+            extra={"event": "tool_definition_changed", "tool": tool},
+        )
+        with contextlib.suppress(LookupError):  # deleted meanwhile: nothing to disable
+            await self._registry.set_enabled(
+                tool, False, principal=DEFINITION_CHANGED_BY, tenant=None
+            )
 
     async def _apply(
         self, tx: TaskWork, results: Sequence[AttemptResult], *, caller: Caller
@@ -166,3 +191,17 @@ class ReportingService:
         )
         await record_refusal(tx.conn, refusal, metrics=self.metrics, now=tx.now)
         return Ack(step_key=result.step_key, attempt=result.attempt, accepted=False, reason=reason)
+
+
+# Who disables a tool whose remote definition changed, as its history and the audit log say.
+DEFINITION_CHANGED_BY = "agent-reach (remote definition changed)"
+
+
+def _definition_changed(result: AttemptResult) -> bool:
+    """Whether a connector said the remote tool is no longer the one approved."""
+    error = result.error
+    return (
+        error is not None
+        and error.code == ErrorCode.TOOL_UNAVAILABLE
+        and DEFINITION_CHANGED in error.message
+    )

@@ -407,6 +407,13 @@ class ToolSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _writes_declare_their_risk(self) -> ToolSpec:
+        # A connector that can write asks for it in its config (`sql`: `write: true`).
+        if self.config.get("write") is True and self.risk == "read":
+            raise ValueError("config.write: true needs risk: write or dangerous")
+        return self
+
+    @model_validator(mode="after")
     def _verify_is_for_writes(self) -> ToolSpec:
         if self.verify is not None and self.risk == "read":
             raise ValueError("verify applies to tools with risk: write or dangerous")
