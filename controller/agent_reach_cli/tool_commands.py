@@ -7,18 +7,24 @@ reach tools disable|enable|delete NAME
 reach tools export > tools.yaml   the catalogue as a tools file
 reach tools import tools.yaml     make the catalogue hold it (--prune, --dry-run)
 reach tools import-python acme.tools   add its @tool functions (--print: the YAML only)
+reach tools import-mcp URL        add a remote MCP server's tools (--prefix, --header, --print)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from agent_reach_cli.client_commands import _print, _request, _url, add_client_flags
+
+if TYPE_CHECKING:
+    import mcp_types
 
 
 def _read(path: str) -> str:
@@ -150,6 +156,133 @@ def import_python(args: argparse.Namespace) -> int:
     return _done(_request("POST", url, args, content=text, headers=headers, params=params))
 
 
+# `reach tools import-mcp` ------------------------------------------------------------------
+
+_RISKS = ("read", "write", "dangerous")
+_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def import_mcp(args: argparse.Namespace) -> int:
+    """A remote MCP server's tools, as tools of the `mcp` connector, their definitions pinned."""
+    from agent_reach_connectors.base import ConnectorError
+    from agent_reach_connectors.mcp_client import McpConnector, list_all_tools, read_endpoint
+
+    headers: dict[str, str] = {}
+    for line in args.header:
+        key, colon, value = line.partition(":")
+        if not colon or not key.strip():
+            print("reach: each --header must be 'Name: value'", file=sys.stderr)
+            return 2
+        headers[key.strip()] = value.strip()
+        if "${env:" not in value:
+            print(
+                f"reach: the {key.strip()} header is stored in the catalogue as written; "
+                "write a secret as ${env:NAME}, set where executors run",
+                file=sys.stderr,
+            )
+    config: dict[str, Any] = {"url": args.mcp_url, "headers": headers}
+    config["allow_hosts"] = args.allow_host
+    try:  # ${env:NAME} references in the headers are read from your environment to list
+        endpoint = read_endpoint("import-mcp", config, float(args.timeout))
+        tools = asyncio.run(
+            McpConnector().session(endpoint, lambda session, _: list_all_tools(session))
+        )
+    except ConnectorError as exc:
+        said = exc.message.replace("the tool's allow_hosts", "--allow-host")
+        print(f"reach: {said}", file=sys.stderr)
+        return 2
+    definitions = _mcp_definitions(tools, args, headers)
+    if not args.print:
+        for definition in definitions:
+            refused = _keep_stricter_risk(definition, args)
+            if refused is not None:
+                return refused
+    text = yaml.safe_dump({"tools": definitions}, sort_keys=False, allow_unicode=True)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    params = {"prune": "false", "dry_run": str(args.dry_run).lower()}
+    url = f"{_url(args)}/v1/tools:import"
+    answer = _request(
+        "POST", url, args, content=text, headers={"Content-Type": "application/yaml"}, params=params
+    )
+    return _done(answer)
+
+
+def _mcp_definitions(
+    tools: list[mcp_types.Tool], args: argparse.Namespace, headers: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One `mcp` tool per remote tool: named with the prefix, its risk from its annotations."""
+    from agent_reach_connectors.mcp_client import definition_sha256, wire_form
+
+    definitions: list[dict[str, Any]] = []
+    taken: set[str] = set()
+    for tool in tools:
+        wire = wire_form(tool)
+        hints = wire.get("annotations") or {}
+        name = _mcp_name(args.prefix + tool.name, taken)
+        config: dict[str, Any] = {
+            "url": args.mcp_url,
+            "tool": tool.name,
+            "definition_sha256": definition_sha256(wire),
+        }
+        if headers:
+            config["headers"] = dict(headers)
+        if args.allow_host:
+            config["allow_hosts"] = list(args.allow_host)
+        risk = "write"
+        if hints.get("readOnlyHint") is True:
+            risk = "read"
+        elif hints.get("destructiveHint") is True:
+            risk = "dangerous"
+        definitions.append(
+            {
+                "name": name,
+                "description": (tool.description or "").strip() or f"{tool.name} (MCP tool)",
+                "connector": "mcp",
+                "config": config,
+                "input_schema": tool.input_schema,
+                "risk": risk,
+                "idempotent": hints.get("idempotentHint") is True,
+            }
+        )
+    return definitions
+
+
+def _mcp_name(wanted: str, taken: set[str]) -> str:
+    """A catalogue name (`^[a-zA-Z][a-zA-Z0-9_.-]{0,127}$`) for `wanted`, unique among `taken`."""
+    name = _NOT_IN_NAME.sub("_", wanted)
+    if not re.match(r"[a-zA-Z]", name):
+        name = f"mcp_{name}"
+    name, base, count = name[:128], name[:124], 1
+    while name in taken:
+        count += 1
+        name = f"{base}_{count}"
+    taken.add(name)
+    return name
+
+
+def _keep_stricter_risk(definition: dict[str, Any], args: argparse.Namespace) -> int | None:
+    """Raise the definition's risk to the catalogue's when an operator set it higher."""
+    name = definition["name"]
+    answer = _request("GET", f"{_url(args)}/v1/tools/{name}", args)
+    if answer is None:
+        return 2
+    if answer.status_code == 404:
+        return None
+    if not answer.is_success:
+        return _print(answer)
+    held = answer.json().get("risk", "read")
+    if held in _RISKS and _RISKS.index(held) > _RISKS.index(definition["risk"]):
+        print(
+            f"reach: {name} keeps risk {held} (the catalogue's); the server hints "
+            f"{definition['risk']}",
+            file=sys.stderr,
+        )
+        definition["risk"] = held
+    return None
+
+
 def _list_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """`reach tools [list]` flags; `inherited` as in add_client_flags."""
     formats = ["native", "openai_chat", "openai_responses", "anthropic", "mcp", "openai"]
@@ -214,5 +347,30 @@ def add_parser(sub: Any) -> None:
         "add or update the @tool functions of Python modules (importable where executors run)",
     )
     p.add_argument("modules", nargs="+", metavar="MODULE", help="e.g. acme.tools")
+    p.add_argument("--print", action="store_true", help="write the tools YAML, change nothing")
+    p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+    p = add(
+        "import-mcp",
+        import_mcp,
+        "add or update the tools of a remote MCP server (Streamable HTTP), each pinned to the "
+        "definition listed now: a later change makes its calls fail until it is imported again",
+    )
+    p.add_argument("mcp_url", metavar="URL", help="the server's Streamable HTTP endpoint")
+    p.add_argument("--prefix", default="", help="before each remote name, e.g. 'crm.'")
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="sent to the server; write secrets as ${env:NAME}: the executor reads them",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a non-public host the tools may reach (as allow_hosts; e.g. 10.0.0.5:8080)",
+    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to list the tools")
     p.add_argument("--print", action="store_true", help="write the tools YAML, change nothing")
     p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")

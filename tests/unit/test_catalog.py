@@ -243,6 +243,6 @@ def test_a_tool_that_asks_to_write_must_say_it_writes() -> None:
         "connector": "sql",
         "config": {"write": True, "query": "UPDATE orders SET status = %(status)s"},
     }
-    with pytest.raises(ValueError, match="config.write: true needs risk: write or dangerous"):
+    with pytest.raises(ValueError, match=r"config\.write: true needs risk: write or dangerous"):
         ToolSpec.model_validate(reading)
     assert ToolSpec.model_validate({**reading, "risk": "write"}).config["write"] is True
