@@ -11,7 +11,7 @@ import logging
 import socket
 import ssl
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +20,13 @@ import pytest
 from agent_reach.errors import DEFINITION_CHANGED
 from agent_reach_connectors import ConnectorError, ToolCall, load_connectors
 from agent_reach_connectors.mcp_client import COMMANDS_ENV, McpConnector, definition_sha256
+from tests.connectors.support import Resolver
 from tests.support.certs import Authority
 from tests.support.mcp_server import McpServer
 
 CANARY = "canary-5be0c2-token"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Resolver:
-    """A scripted DNS: only these names resolve, each to its addresses."""
-
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-
-    async def __call__(self, host: str, port: int) -> Sequence[str]:
-        if host not in self.answers:
-            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
-        return self.answers[host]
 
 
 DNS = {"tools.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"]}

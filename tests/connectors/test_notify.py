@@ -10,7 +10,7 @@ import json
 import logging
 import socket
 import ssl
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from standardwebhooks.webhooks import Webhook
 
 from agent_reach_connectors import ConnectorError, ToolCall, load_connectors
 from agent_reach_connectors.notify import NotifyConnector
+from tests.connectors.support import Resolver
 from tests.support.certs import Authority
 from tests.support.sink import Response, Sink
 from tests.support.smtp import SmtpServer
@@ -29,20 +30,6 @@ CANARY = "canary-3d9a71"
 SECRET = "whsec_" + base64.b64encode(f"{CANARY}-webhook-key".encode()).decode()
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 SENDER = "agent@reach.test"
-
-
-class Resolver:
-    """A scripted DNS: only these names resolve, each to its addresses."""
-
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-        self.asked: list[str] = []
-
-    async def __call__(self, host: str, port: int) -> Sequence[str]:
-        self.asked.append(host)
-        if host not in self.answers:
-            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
-        return self.answers[host]
 
 
 DNS = {"hooks.test": ["127.0.0.1"], "mail.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"]}

@@ -10,23 +10,12 @@ from jsonschema import Draft202012Validator
 from agent_reach_connectors import ConnectorError, ToolCall, tool
 from agent_reach_connectors.python import PythonConnector
 from agent_reach_connectors.pytools import tool_of, tools_in
+from tests.connectors.support import tool_call
 from tests.support import pytools_example
 
 
 def call(function: str, args: dict[str, Any]) -> ToolCall:
-    return ToolCall(
-        tool="t",
-        task_id="task",
-        step_id="s",
-        args=args,
-        config={"function": function},
-        idempotency_key="k",
-        attempt=1,
-        max_attempts=1,
-        trace_id="0" * 32,
-        traceparent="",
-        timeout_s=5,
-    )
+    return tool_call(args=args, config={"function": function})
 
 
 def test_the_schema_is_the_signature_without_generated_titles() -> None:

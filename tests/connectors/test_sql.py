@@ -11,7 +11,7 @@ import logging
 import socket
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -22,6 +22,7 @@ import pytest
 from agent_reach_connectors import ConnectorError, ToolCall, load_connectors
 from agent_reach_connectors.sql import SqlConnector
 from tests.conftest import POSTGRES_ADMIN, _server_url, _unavailable
+from tests.connectors.support import Resolver
 from tests.support.proxy import PgProxy
 
 pytestmark = pytest.mark.postgres
@@ -50,18 +51,6 @@ SEED = [
     (2, "R-2", "ada", "open", Decimal("3.00"), PLACED, None, None),
     (3, "R-3", "bob", "open", Decimal("99.99"), PLACED, None, None),
 ]
-
-
-class Resolver:
-    """A scripted DNS: only these names resolve, each to its addresses."""
-
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-
-    async def __call__(self, host: str, port: int) -> Sequence[str]:
-        if host not in self.answers:
-            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
-        return self.answers[host]
 
 
 @pytest.fixture(scope="module")

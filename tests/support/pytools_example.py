@@ -29,11 +29,12 @@ def tomorrow(
     if place.city == "Atlantis":
         raise ConnectorError("not_found", f"no weather for {place.city}", retryable=False)
     rain = place.city == "Wuhan"
+    offset = at.utcoffset()
     return {
         "city": place.city,
         "country": place.country,
         "hour": at.hour,  # a datetime, not the string the model sent
-        "utc_offset_s": at.utcoffset().total_seconds() if at.utcoffset() else 0,
+        "utc_offset_s": offset.total_seconds() if offset else 0,
         "rain": rain,
         "units": units,
         "title": title,
