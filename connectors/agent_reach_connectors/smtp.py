@@ -90,6 +90,8 @@ def smtp_settings(tool: str, config: Mapping[str, Any]) -> SmtpSettings:
     if security is None:
         raise misconfigured(tool, 'config.smtp.starttls must be true, false or "tls"')
     port = smtp.get("port", 465 if security == "tls" else 587)
+    if isinstance(port, str) and port.isdigit():  # from the environment (`${env:SMTP_PORT}`)
+        port = int(port)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise misconfigured(tool, "config.smtp.port must be a port number")
     sender = smtp.get("from")

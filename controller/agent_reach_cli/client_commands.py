@@ -82,10 +82,24 @@ def describe_task(task: dict[str, Any]) -> str:
         status, run_at = step["status"], step.get("run_at")
         if run_at and status in ("blocked", "ready") and datetime.fromisoformat(run_at) > now:
             status, shown = "scheduled", f"for {run_at}"
+        verified = (receipt.get("meta") or {}).get("verified")
+        if verified is not None:  # a write read back: did it hold?
+            status = f"{status}, {'verified' if verified else 'unverified'}"
+        if rows := receipt.get("targets"):  # a fan-out step: one word per target
+            shown = ", ".join(_target_said(row) for row in rows)
         lines.append(f"  {step['step_id']:12} {status:18} {shown}".rstrip())
     if task["status"] in ("pending", "running"):
         lines.append(f"  (not over yet: reach status {task['task_id']} --watch follows it)")
     return "\n".join(lines)
+
+
+def _target_said(row: dict[str, Any]) -> str:
+    """One target of a fan-out step's record: `email delivered`, `[2] failed: …`."""
+    output = row.get("output") or {}
+    name = output.get("channel") or f"[{row.get('target')}]"
+    if row.get("status") == "succeeded":
+        return f"{name} delivered at {row.get('done_at')}"
+    return f"{name} {row.get('status')}: {(row.get('error') or {}).get('message', '')}".rstrip(": ")
 
 
 def _show_task(response: httpx.Response, args: argparse.Namespace) -> int:

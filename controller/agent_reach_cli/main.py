@@ -140,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--downgrade", action="store_true", help="move down to --revision")
     audit_commands.add_parser(sub)
     health.add_arguments(add("health", health.check, "exit 0 if a health URL answers 2xx"))
-    p = add("demo-service", demo.serve, "serve the demo's weather and reminder downstream")
-    p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
+    demo.add_arguments(add("demo-service", demo.serve, demo.SERVICE_HELP))
 
     for name, handler, help_ in (
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),

@@ -166,8 +166,7 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
     from agent_reach_executor import ExecutorSettings, run_executor
 
     async with contextlib.AsyncExitStack() as stack:
-        if demo_mode:
-            stack.enter_context(demo.running_demo_service())
+        demo_url = stack.enter_context(demo.running_demo_service()) if demo_mode else None
         components, bound = await stack.enter_async_context(running_controller(settings))
         # A ready key, so the quick start works at once; it is stored hashed like any other.
         _, api_key = await components.keys.create(
@@ -190,8 +189,8 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
             name="executor",
         )
         try:
-            if demo_mode:
-                await demo.run_demo(f"http://{bound.http}", api_key=api_key)
+            if demo_url is not None:
+                await demo.run_demo(f"http://{bound.http}", api_key=api_key, demo_url=demo_url)
             demo.print_quick_start(
                 f"http://{bound.http}",
                 api_key=api_key,

@@ -95,6 +95,10 @@ class Cluster:
         }
         self.procs: list[Proc] = []
 
+    def spawn(self, name: str, args: list[str]) -> Proc:
+        """Any `reach` command as a process of the cluster (a demo service, say)."""
+        return self._spawn(name, args)
+
     def _spawn(self, name: str, args: list[str]) -> Proc:
         log = self.workdir / f"{name}.log"
         handle = log.open("wb")

@@ -25,14 +25,24 @@ def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
             by_goal = {t["goal"]: client.get(f"/v1/tasks/{t['task_id']}").json() for t in tasks}
         rainy = next(t for g, t in by_goal.items() if "Wuhan" in g)
         dry = next(t for g, t in by_goal.items() if "Dubai" in g)
-        assert [s["status"] for s in rainy["steps"]] == ["succeeded", "succeeded"]
-        reminder = rainy["steps"][1]
+        steps = {s["step_id"]: s for s in rainy["steps"]}
+        assert {k: s["status"] for k, s in steps.items()} == dict.fromkeys(steps, "succeeded")
+        reminder = steps["remind[0]"]  # the write; `remind` is it, read back and verified
         assert (
-            reminder["resolved_args"]["evidence"] == rainy["steps"][0]["receipt"]["data"]["summary"]
+            reminder["resolved_args"]["evidence"] == steps["weather"]["receipt"]["data"]["summary"]
         )
-        assert reminder["receipt"]["data"]["text"] == "Take an umbrella"
-        assert [s["status"] for s in dry["steps"]] == ["succeeded", "skipped"]
-        assert dry["steps"][1]["receipt"]["error"]["code"] == "condition_false"
+        assert steps["remind"]["receipt"]["data"]["text"] == "Take an umbrella"
+        assert steps["remind"]["receipt"]["meta"]["verified"] is True
+        rows = steps["tell"]["receipt"]["targets"]  # delivered at "08:00", to both channels
+        assert [(r["output"]["channel"], r["status"]) for r in rows] == [
+            ("webhook", "succeeded"),
+            ("email", "succeeded"),
+        ]
+        assert "1 signed webhook(s) on the phone and 1 email(s) in the inbox" in dev.output()
+        dry_steps = {s["step_id"]: s for s in dry["steps"]}
+        assert dry_steps["weather"]["status"] == "succeeded"
+        assert {s["status"] for k, s in dry_steps.items() if k != "weather"} == {"skipped"}
+        assert dry_steps["remind"]["receipt"]["error"]["code"] == "condition_false"
         assert rainy["status"] == dry["status"] == "succeeded"
 
         # The key `reach dev` printed works like any other.
@@ -57,7 +67,12 @@ def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
         shown = _reach("status", submitted["task_id"], *url)
         assert shown["steps"][0]["receipt"]["data"]["rain"] is True
         listed = _reach("tools", "--format", "openai", *url)
-        assert {t["function"]["name"] for t in listed} == {"weather_forecast", "reminder_create"}
+        assert {t["function"]["name"] for t in listed} == {
+            "weather_forecast",
+            "reminder_create",
+            "reminder_get",
+            "notify",
+        }
 
 
 def _no_extra_tools(tmp_path: Path) -> Path:

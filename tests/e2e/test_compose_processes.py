@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,12 @@ class Stack:
         self, service: dict[str, Any], listen: dict[str, str], extra: dict[str, str]
     ) -> dict[str, str]:
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        for name, value in service.get("environment", {}).items():
-            env[name] = self.translate(str(value), listen)
+        for name, written in service.get("environment", {}).items():
+            # compose's `${NAME:-default}`: the caller's variable, else the default.
+            value = re.sub(
+                r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1], m[2]), str(written)
+            )
+            env[name] = self.translate(value, listen)
         return {**env, **extra}
 
     def mounted(self, service: dict[str, Any], value: str) -> str:
@@ -127,7 +132,7 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
 ) -> None:
     compose_db = SERVICES["migrate"]["environment"]["AGENT_REACH_CONTROLLER_DATABASE_URL"]
     compose_redis = SERVICES["controller"]["environment"]["AGENT_REACH_CONTROLLER_REDIS_URL"]
-    demo_port = free_port()
+    demo_port, smtp_port = free_port(), free_port()
     http_ports, grpc_ports = [free_port(), free_port()], [free_port(), free_port()]
     stack = Stack(
         tmp_path,
@@ -157,7 +162,13 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
         migrate, _ = stack.start("migrate")
         assert migrate.popen.wait(60) == 0, migrate.output()
 
-        demo, demo_env = stack.start("demo", listen={"0.0.0.0:8000": f"127.0.0.1:{demo_port}"})
+        demo, demo_env = stack.start(
+            "demo",
+            listen={
+                "0.0.0.0:8000": f"127.0.0.1:{demo_port}",
+                "0.0.0.0:2525": f"127.0.0.1:{smtp_port}",
+            },
+        )
         stack.healthy(demo, demo_env, {"127.0.0.1:8000": f"127.0.0.1:{demo_port}"})
 
         for i in range(2):
@@ -180,7 +191,12 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
             proc, env = stack.start(
                 f"executor-{i}",
                 listen=listen,
-                extra={"AGENT_REACH_EXECUTOR_TOKEN": token},
+                # compose's `demo` host name, as a name and a port apart.
+                extra={
+                    "AGENT_REACH_EXECUTOR_TOKEN": token,
+                    "AGENT_REACH_DEMO_SMTP_HOST": "127.0.0.1",
+                    "AGENT_REACH_DEMO_SMTP_PORT": str(smtp_port),
+                },
             )
             stack.healthy(proc, env, listen)
 
@@ -206,7 +222,9 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
             with httpx.Client(
                 base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}
             ) as api:
-                answer = api.post("/v1/tasks", json=umbrella_plan("wuhan"), params={"wait": 30})
+                at = datetime.now(UTC) + timedelta(seconds=3)
+                plan = umbrella_plan("wuhan", demo_url=f"http://127.0.0.1:{demo_port}", at=at)
+                answer = api.post("/v1/tasks", json=plan, params={"wait": 30})
                 assert answer.status_code in (200, 202), answer.text
                 task_ids.append(answer.json()["task_id"])
 
@@ -227,6 +245,12 @@ def test_the_compose_services_run_as_written_and_carry_out_the_demo(
             steps = {s["step_id"]: s for s in task["steps"]}
             assert steps["weather"]["receipt"]["data"]["rain"] is True  # from the demo service
             assert steps["remind"]["status"] == "succeeded"
+            assert steps["remind"]["receipt"]["meta"]["verified"] is True
+            channels = [r["output"]["channel"] for r in steps["tell"]["receipt"]["targets"]]
+            assert channels == ["webhook", "email"]
+        with httpx.Client(base_url=f"http://127.0.0.1:{demo_port}") as demo_api:
+            delivered = demo_api.get("/deliveries").json()
+        assert len(delivered["webhooks"]) == len(delivered["emails"]) == len(task_ids)
 
         def traced_by_both() -> set[str]:
             services = {span.service for span in otlp.spans()}

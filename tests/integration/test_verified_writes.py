@@ -196,3 +196,27 @@ def test_the_catalogue_refuses_a_check_that_cannot_work(
     with pytest.raises((ToolFileError, ValueError)) as raised:
         ToolCatalog([ToolSpec.model_validate(t) for t in tools])
     assert says in str(raised.value)
+
+
+async def test_a_false_condition_skips_the_write_its_check_and_the_step(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("retry")])
+    async with components_for(sqlite_url, tools) as c, api_client(c) as api:
+        look = {"step_id": "look", "tool": "echo.say"}
+        guarded = {**REFUND, "depends_on": ["look"], "when": "steps.look.output.due == true"}
+        answer = await api.post("/v1/tasks", json={"steps": [look, guarded]})
+        task_id = answer.json()["task_id"]
+        first = await one(c, "look")
+        await c.reporting.report(executor_id="t", results=[ok(first, {"due": False})])
+        steps = await steps_of(api, task_id)
+        assert {k: v["status"] for k, v in steps.items()} == {
+            "look": "succeeded",
+            "pay": "skipped",
+            "pay[0]": "skipped",
+            "pay[1]": "skipped",
+            "pay[2]": "skipped",
+            "pay[3]": "skipped",
+        }
+        assert steps["pay"]["receipt"]["error"]["code"] == "condition_false"
+        assert await claim(c) == []  # nothing was written

@@ -112,11 +112,19 @@ def test_the_demo_tools_reach_the_demo_service_through_the_ssrf_guard() -> None:
     assert int(port) == _port(_flag(OURS["demo"], "--http"))
     tools_file = _mounts(OURS["controller"])["/etc/reach/tools.yaml"]
     tools = yaml.safe_load(tools_file.read_text())["tools"]
-    demo_tools = [t for t in tools if "AGENT_REACH_DEMO_URL" in t["config"]["url"]]
+    demo_tools = [t for t in tools if "AGENT_REACH_DEMO_URL" in t["config"].get("url", "")]
     assert demo_tools
     for tool in demo_tools:
         allow = netguard.Allowlist.parse(tool["config"]["allow_hosts"])
         assert allow.admits_name(host, int(port)), tool["name"]
+    # The notify tool reaches the demo's phone (its HTTP port) and inbox (its SMTP port).
+    [notify] = [t for t in tools if t["connector"] == "notify"]
+    allow = netguard.Allowlist.parse(notify["config"]["allow_hosts"])
+    smtp_host = OURS["executor"]["environment"]["AGENT_REACH_DEMO_SMTP_HOST"]
+    smtp_port = int(OURS["executor"]["environment"]["AGENT_REACH_DEMO_SMTP_PORT"])
+    assert smtp_port == _port(_flag(OURS["demo"], "--smtp"))
+    assert allow.admits_name(smtp_host, smtp_port)
+    assert allow.admits_name(host, int(port))
     assert OURS["executor"]["depends_on"]["demo"] == {"condition": "service_healthy"}
 
 

@@ -103,13 +103,15 @@ def _decide_children(
     decided; None for any other step."""
     if fanout.gathers(step.step_id, tool):
         if tool.verify is not None:
-            return _gather_verified(step, tool, tool.verify, by_id, status, data)
+            errors = {d: decided.get(d, {}).get("error", by_id[d].error) for d in step.depends_on}
+            return _gather_verified(step, tool, by_id, status, errors, data)
         records = [
             _record(n, by_id[d], status[d], decided.get(d, {}), tool)
             for n, d in enumerate(step.depends_on)
         ]
         return _gather(step, tool, records, data)
-    if (link := verify.link(step.step_id)) is not None and link[0] in by_id:
+    link = verify.link(step.step_id)
+    if link is not None and link[1] > 0 and link[0] in by_id:  # the first write is a plain step
         parent = by_id[link[0]]
         check = data.tool_of(parent.tool, parent.tool_version).verify
         if check is not None and all(status[d] is StepStatus.SUCCEEDED for d in step.depends_on):
@@ -150,31 +152,32 @@ def _decide_link(
 def _gather_verified(
     step: StepRow,
     tool: ToolSpec,
-    check: Verify,
     by_id: Mapping[str, StepRow],
     status: Mapping[str, StepStatus],
+    errors: Mapping[str, Mapping[str, Any] | None],
     data: AdvanceInput,
 ) -> StepChange:
     """A verified write once its chain has ended, decided by the last write that ran and its
     check: succeeded and verified; failed as the write failed; or, when the check did not
     hold (or could not run), the tool's policy: failed `unverified`, or a person's call."""
+    check = tool.verify
+    assert check is not None
     chain = list(step.depends_on)
     ran = [n for n in range(0, len(chain), 2) if status[chain[n]] is not StepStatus.SKIPPED]
     if not ran:  # the first write was skipped: its dependencies or condition said so
-        first = by_id[chain[0]]
-        error = first.error or {}
+        error = errors[chain[0]] or {}
         code = error.get("code", ErrorCode.DEPENDENCY_FAILED)
         return _end(step, tool, data, Transition.SKIP, (code, error.get("message", "")))
     write, read = by_id[chain[ran[-1]]], by_id[chain[ran[-1] + 1]]
     writes = len(ran)
     base = replace(step, attempt=writes)  # what the receipt says; the row's guard keeps `step`
     if status[write.step_id] is not StepStatus.SUCCEEDED:
-        error = write.error or {}
+        error = errors[write.step_id] or {}
         code = error.get("code", ErrorCode.INTERNAL)
         said = error.get("message", f"the write {status[write.step_id].value}")
         return replace(_end(base, tool, data, Transition.FAIL, (code, said)), step=step)
     if status[read.step_id] is not StepStatus.SUCCEEDED:
-        reason = (read.error or {}).get("message", f"it {status[read.step_id].value}")
+        reason = (errors[read.step_id] or {}).get("message", f"it {status[read.step_id].value}")
         verdict = verify.Verdict(None, f"the check ({check.tool}) did not run to the end: {reason}")
     else:
         args = write.resolved_args or write.args
