@@ -11,7 +11,7 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
-from agent_reach_controller.planning import fanout, verify
+from agent_reach_controller.planning import argmap, fanout, verify
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
@@ -218,18 +218,16 @@ def _unblock(
         detail = "; ".join(f"{p.pointer}: {p.detail}" for p in problems[:5])
         message = f"arguments are invalid after resolving references: {detail}"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, message))
+    try:
+        mapped = argmap.apply(tool.map_args, resolved) if tool.map_args is not None else None
+    except argmap.ArgMapError as exc:
+        return _end(step, tool, data, Transition.FAIL, (ErrorCode.INVALID_ARGUMENTS, str(exc)))
     if not data.budget.take():
         message = "not started: the task's attempt budget is spent"
         return _end(step, tool, data, Transition.FAIL, (ErrorCode.BUDGET_EXHAUSTED, message))
     values: dict[str, Any] = {"resolved_args": resolved}
-    waits = []
-    if tool.hold is not None:
-        # The undo window: the step is queued but not due, and a cancel still stops it.
-        waits.append(data.now + timedelta(seconds=tool.hold))
-    if step.run_at is not None and step.run_at > data.now:
-        waits.append(step.run_at)  # a scheduled step: queued, due at its time
-    if waits:
-        values["not_before"] = max(waits)
+    if (due_at := _due(step, tool, data.now)) is not None:
+        values["not_before"] = due_at
     due = start_by(step, tool, values.get("not_before", data.now))
     if due is not None:
         values["start_by"] = due
@@ -237,8 +235,14 @@ def _unblock(
         values["rate_key"] = step_key(tool, resolved)
     if tool.concurrency_per_key is not None:
         values["concurrency_key"] = concurrency_key(tool, resolved)
-    scheduled = {"run_at": step.run_at.isoformat()} if step.run_at is not None else None
-    return StepChange(step=step, transition=Transition.UNBLOCK, values=values, event_data=scheduled)
+    said: dict[str, Any] = {}
+    if step.run_at is not None:
+        said["run_at"] = step.run_at.isoformat()
+    if mapped is not None:
+        said["mapped_args"] = mapped  # what the executor will be given
+    return StepChange(
+        step=step, transition=Transition.UNBLOCK, values=values, event_data=said or None
+    )
 
 
 def _gather(
@@ -309,6 +313,17 @@ def _record(
         "error": {"code": error.get("code"), "message": error.get("message")} if error else None,
         "output": output,
     }
+
+
+def _due(step: StepRow, tool: ToolSpec, now: datetime) -> datetime | None:
+    """When a step queued now may first run, if not at once."""
+    waits = []
+    if tool.hold is not None:
+        # The undo window: the step is queued but not due, and a cancel still stops it.
+        waits.append(now + timedelta(seconds=tool.hold))
+    if step.run_at is not None and step.run_at > now:
+        waits.append(step.run_at)  # a scheduled step: queued, due at its time
+    return max(waits) if waits else None
 
 
 def _end(

@@ -11,6 +11,7 @@ from agent_reach.ids import make_traceparent
 from agent_reach.telemetry import dispatch_span_id
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult, closes_at
+from agent_reach_controller.planning import argmap
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
 
@@ -25,6 +26,13 @@ def from_ms(value: int) -> datetime | None:
 
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def call_args(step: StepRow, tool: ToolSpec) -> Any:
+    """The arguments an executor is given: the step's, as the tool's `map_args` wants them
+    (checked when the step was queued, and when an approver edited them)."""
+    args = step.resolved_args if step.resolved_args is not None else step.args
+    return argmap.apply(tool.map_args, args) if tool.map_args is not None else args
 
 
 def _attempt_timeout_ms(step: StepRow, timeouts: Timeouts, tool: ToolSpec) -> int:
@@ -48,7 +56,7 @@ def assignment_to_proto(
         tool=step.tool,
         connector=step.connector,
         config_json=_dumps(tool.config),
-        args_json=_dumps(step.resolved_args if step.resolved_args is not None else step.args),
+        args_json=_dumps(call_args(step, tool)),
         idempotency_key=step.idempotency_key,
         trace_id=step.trace_id,
         # The executor's span is a child of the dispatch span (see agent_reach.telemetry).

@@ -15,8 +15,9 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepStatus, Transition
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import decide_resolution, start_by, terminal_values
-from agent_reach_controller.planning import fanout
+from agent_reach_controller.planning import argmap, fanout
 from agent_reach_controller.planning.plan import validate_resolved_args
+from agent_reach_controller.planning.problems import Problem, ProblemCode
 from agent_reach_controller.services.queries import (
     StepNotFoundError,
     TaskNotFoundError,
@@ -220,6 +221,14 @@ class OperatorService:
             tool = tx.tool(step)
             if data.args is not None and (problems := validate_resolved_args(tool, data.args)):
                 raise EditedArgumentsError(problems)
+            if data.args is not None and tool.map_args is not None:
+                try:
+                    argmap.apply(tool.map_args, data.args)
+                except argmap.ArgMapError as exc:
+                    problem = Problem(
+                        pointer="/args", code=ProblemCode.INVALID_ARGUMENTS, detail=str(exc)
+                    )
+                    raise EditedArgumentsError([problem]) from None
             change = approvals.decided(
                 step,
                 tool,

@@ -211,7 +211,7 @@ Units = Annotated[float | str, BeforeValidator(_units)]
 EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
 # Fields added after tools were first stored: left out of `version` while at their default, so
 # tools that do not use them keep the version (and the pinned tasks) they had.
-_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out", "verify")
+_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out", "verify", "map_args")
 
 
 class Timeouts(BaseModel):
@@ -278,6 +278,27 @@ class FanOut(BaseModel):
     as_: str = Field(alias="as", min_length=1)
     # The most children one step may have (the array's length is fixed at submit).
     max: int = Field(20, ge=1, le=100)
+
+
+class ArgMap(BaseModel):
+    """The model's arguments as the downstream wants them (planning/argmap.py): keys renamed
+    (`case` at every depth, `rename` exactly at the top), `defaults` filled, values `coerce`d."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    case: Literal["snake", "camel"] | None = None
+    rename: dict[str, str] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    coerce: dict[str, Literal["string", "integer", "number", "boolean"]] = Field(
+        default_factory=dict
+    )
+
+    @model_validator(mode="after")
+    def _renames_are_distinct(self) -> ArgMap:
+        targets = list(self.rename.values())
+        if len(set(targets)) != len(targets):
+            raise ValueError("rename maps two arguments to one name")
+        return self
 
 
 # What a write's check sees: the write's resolved arguments, its output, and the check's output.
@@ -372,6 +393,8 @@ class ToolSpec(BaseModel):
     fan_out: FanOut | None = None
     # Check a write by reading it back (see Verify).
     verify: Verify | None = None
+    # The model's arguments as the downstream wants them (see ArgMap).
+    map_args: ArgMap | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
