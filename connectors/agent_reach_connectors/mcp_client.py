@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -51,6 +52,10 @@ DEFAULT_TIMEOUT = 30.0
 # Comma-separated absolute paths of the commands an executor may start as stdio MCP servers.
 COMMANDS_ENV = "AGENT_REACH_EXECUTOR_MCP_COMMANDS"
 MAX_ERROR_TEXT = 500
+# The SDK's client logs every message it receives at DEBUG, tool results included: what a
+# server sends back (an echoed credential, a customer's data) must not reach the executor's
+# logs, whatever level they are kept at. Its warnings and errors still do.
+logging.getLogger("mcp.client").setLevel(logging.INFO)
 _MAX_PAGES = 100
 _CLIENT = types.Implementation(name="agent-reach", version="0.1.0")
 _T = TypeVar("_T")

@@ -8,6 +8,7 @@ Usage (the server runs in its own thread with its own event loop):
         assert received.message["Subject"] == "Hello"
 
         smtp.rcpt_reply = "552 5.2.2 mailbox full"   # refuse every recipient with that reply
+        smtp.refused["x@example.org"] = "550 no such user"  # or one of them
         smtp.data_reply = "451 4.3.0 try later"      # answer the end of DATA with that reply
         smtp.after_data = "drop"                     # read the message, then close, no reply
         smtp.after_data = "stall"                    # read the message, then never answer
@@ -86,6 +87,8 @@ class _Handler:
     ) -> str:
         if self._owner.rcpt_reply is not None:
             return self._owner.rcpt_reply
+        if address in self._owner.refused:
+            return self._owner.refused[address]
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -133,6 +136,7 @@ class SmtpServer:
         implicit_tls: bool = False,
     ) -> None:
         self.rcpt_reply: str | None = None
+        self.refused: dict[str, str] = {}  # a recipient -> the reply that refuses it
         self.data_reply: str | None = None
         self.after_data: AfterData = "answer"
         self.logins: list[tuple[str, str]] = []
