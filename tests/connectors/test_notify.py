@@ -20,6 +20,7 @@ from standardwebhooks.webhooks import Webhook
 
 from agent_reach_connectors import ConnectorError, ToolCall, load_connectors
 from agent_reach_connectors.notify import NotifyConnector
+from agent_reach_connectors.smtp import smtp_settings
 from tests.connectors.support import Resolver
 from tests.support.certs import Authority
 from tests.support.sink import Response, Sink
@@ -380,7 +381,7 @@ async def test_bad_smtp_configs_are_refused(notify, smtp) -> None:
     bad: list[dict[str, Any]] = [
         {"from": "not an address"},
         {"from": "a@b.test\r\nBcc: x@y.test"},
-        {"port": "25"},
+        {"port": "25a"},
         {"starttls": "maybe"},
         {"starttls": ["tls"]},
         {"starttls": 1},
@@ -593,3 +594,11 @@ async def test_the_timeout_never_exceeds_the_call(notify, sink, webhook_secret) 
     assert error.code == "timeout"
     error = await failure(notify, call(target, {**webhook_secret, "timeout": "soon"}))
     assert outcome(error) == ("connector_error", False, False)
+
+
+def test_an_smtp_port_from_the_environment_is_read_as_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SMTP_PORT", "2525")
+    config = {"smtp": {"host": "mail.example.org", "port": "${env:SMTP_PORT}", "from": SENDER}}
+    assert smtp_settings("t", config).port == 2525
