@@ -466,3 +466,35 @@ executor_sessions = sa.Table(
         sqlite_where=sa.text("ended_at IS NULL"),
     ),
 )
+
+# Triggers (`services/triggers.py`): a name that starts a stored plan template when a signed
+# event is POSTed to it. The head row says which template version is live and whose rights a run
+# has; versions are immutable, so a task started by one can always show what it ran.
+triggers = sa.Table(
+    "triggers",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("version", sa.Integer(), nullable=False),
+    sa.Column("enabled", sa.Boolean(), nullable=False),
+    # The Standard Webhooks secret ('whsec_…'), or a `${env:NAME}` reference resolved on the
+    # controller. Never listed: its fingerprint is.
+    sa.Column("secret", sa.Text(), nullable=False),
+    # A run is a submit by this principal, with the rights its key has at the time of the run.
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("key_id", sa.String(12)),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    sa.Column("updated_by", sa.String(128), nullable=False),
+)
+
+trigger_versions = sa.Table(
+    "trigger_versions",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("version", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("template", Json, nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("created_by", sa.String(128), nullable=False),
+    _now_column("created_at"),
+)
