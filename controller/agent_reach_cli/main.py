@@ -18,6 +18,7 @@ from agent_reach_cli import (
     process_commands,
     replay_commands,
     tool_commands,
+    trigger_commands,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -34,6 +35,12 @@ def _add_controller_flags(p: argparse.ArgumentParser, *, dev: bool) -> None:
     p.add_argument("--redis-url", help=f"redis://… ({env}REDIS_URL)")
     p.add_argument(
         "--policy", help=f"permission matrix YAML (roles → tools → actions; {env}POLICY)"
+    )
+    p.add_argument(
+        "--environment",
+        choices=["dev", "sandbox", "prod"],
+        help="where tenants' tasks run unless the policy says (default dev; sandbox: writes to "
+        f"sandbox targets only; prod: writes wait for approval; {env}ENVIRONMENT)",
     )
     p.add_argument(
         "--lease-seconds",
@@ -146,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("submit", client_commands.submit, "submit a plan from a JSON file ('-' for stdin)"),
         ("status", client_commands.status, "show a task and its receipts"),
         ("resolve", client_commands.resolve, "resolve a step whose outcome is unknown"),
-        ("approve", client_commands.approve, "approve (or --reject) a dangerous step"),
+        ("approve", client_commands.approve, "approve (or --reject) a step awaiting approval"),
     ):
         p = add(name, handler, help_)
         client_commands.add_client_flags(p)
@@ -187,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_commands.add_parser(sub)
     key_commands.add_parsers(sub)
     executor_commands.add_parser(sub)
+    trigger_commands.add_parser(sub)
     return parser
 
 

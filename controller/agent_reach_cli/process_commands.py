@@ -64,6 +64,7 @@ def _controller_settings(args: argparse.Namespace, **overrides: Any) -> Any:
         "database_url",
         "redis_url",
         "policy",
+        "environment",
         "lease_seconds",
         "ready_file",
         "log_format",

@@ -139,6 +139,7 @@ def _attempts(builder: _Builder, step: StepRow, events: Sequence[EventRow], root
                 telemetry.STEP_ID: step.step_id,
                 telemetry.ATTEMPT: attempt,
                 telemetry.EXECUTOR_ID: executor_id,
+                telemetry.ENVIRONMENT: step.environment,
             },
         )
         # A step runs one attempt at a time: the next move out of `running` ends this one (its
@@ -161,6 +162,7 @@ def _attempts(builder: _Builder, step: StepRow, events: Sequence[EventRow], root
                 telemetry.GEN_AI_TOOL_CALL_ID: step.step_id,
                 telemetry.GEN_AI_TOOL_TYPE: "function",
                 telemetry.ATTEMPT: attempt,
+                telemetry.ENVIRONMENT: step.environment,
                 telemetry.OUTCOME: outcome,
                 telemetry.ERROR_TYPE: code,
                 "error": True if outcome != "succeed" and ended is not None else None,
@@ -198,6 +200,7 @@ def jaeger_trace(
             "agent_reach.status": task.status.value,
             "agent_reach.source": task.source,
             "agent_reach.tenant": task.tenant,
+            telemetry.ENVIRONMENT: task.environment,
             "agent_reach.principal": task.principal,
             "agent_reach.caller_parent_span_id": task.parent_span_id,
         },

@@ -35,7 +35,7 @@ class ReceiptError:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiptMeta:
-    """Where the result came from: tool, step, attempts, timing and trace."""
+    """Where the result came from: tool, step, attempts, timing, trace and environment."""
 
     tool: str
     step_id: str
@@ -45,6 +45,7 @@ class ReceiptMeta:
     trace_id: str
     verified: bool | None = None
     fallback_for: str | None = None  # the tool that failed before this one answered
+    environment: str | None = None  # where the step ran: dev, sandbox or prod
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +84,8 @@ class Receipt:
         }
         if m.fallback_for is not None:
             out["meta"]["fallback_for"] = m.fallback_for
+        if m.environment is not None:
+            out["meta"]["environment"] = m.environment
         return out
 
     @classmethod
@@ -110,6 +113,7 @@ class Receipt:
                 trace_id=str(meta.get("trace_id", "")),
                 verified=meta.get("verified"),
                 fallback_for=meta.get("fallback_for"),
+                environment=meta.get("environment"),
             ),
         )
 

@@ -39,9 +39,10 @@ from agent_reach_controller.services.retention import RetentionService
 from agent_reach_controller.services.sessions import SessionService
 from agent_reach_controller.services.sweeps import Supervision, Sweep
 from agent_reach_controller.services.tool_health import ToolHealth
+from agent_reach_controller.services.triggers import TriggerService
 from agent_reach_controller.services.unit_of_work import UnitOfWork
 from agent_reach_controller.services.webhooks import WebhookSender, WebhookTarget
-from agent_reach_controller.settings import ControllerSettings
+from agent_reach_controller.settings import ControllerSettings, Environment
 from agent_reach_controller.storage import migrate
 from agent_reach_controller.storage.engine import Database, libpq_conninfo
 from agent_reach_controller.storage.wakeups import Notifier, PostgresNotifier, RedisNotifier
@@ -81,6 +82,7 @@ class Components:
     sessions: SessionService  # executor sessions
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
+    triggers: TriggerService  # signed events that start stored plan templates
     webhook: WebhookSender | None = None
     hand_off: HandOff | None = None  # new steps straight to waiting pollers (Postgres)
     # Told to stop: /readyz answers 503 so that load balancers stop sending, while requests
@@ -91,6 +93,10 @@ class Components:
     def catalog(self) -> ToolCatalog:
         """The live catalogue as this replica last saw it (see ToolRegistry.refresh)."""
         return self.registry.catalog
+
+    def environment_of(self, tenant: str) -> Environment:
+        """Where a tenant's tasks run: the policy's word for it, else the controller's."""
+        return self.policy.environment_for(tenant, self.settings.environment)
 
     async def close(self) -> None:
         await self.feed.close()
@@ -197,7 +203,11 @@ async def open_components(settings: ControllerSettings) -> Components:
         notifier=notifier,
         metrics=metrics,
         work=work,
-        intake=IntakeService(work=work, hand_off=hand_off),
+        intake=IntakeService(
+            work=work,
+            hand_off=hand_off,
+            environment_of=lambda tenant: policy.environment_for(tenant, settings.environment),
+        ),
         queries=TaskQueries(db=db, notifier=notifier),
         operator=operator,
         admission=admission,
@@ -221,6 +231,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         sessions=sessions,
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
+        triggers=TriggerService(db, keys),
         webhook=webhook,
         hand_off=hand_off,
     )

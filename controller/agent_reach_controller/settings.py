@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SQLITE = "sqlite:///.reach/reach.db"
+
+# Where a tenant's tasks run (ARCHITECTURE.md, "Which environment does a task run in?"): `dev`
+# as configured; `sandbox`, each write to its tool's sandbox target or refused; `prod`, each
+# write waiting for a person unless its tool is exempted.
+Environment = Literal["dev", "sandbox", "prod"]
+DEFAULT_ENVIRONMENT: Environment = "dev"
 
 
 class ControllerSettings(BaseSettings):
@@ -31,6 +37,12 @@ class ControllerSettings(BaseSettings):
         "unset it once they exist",
     )
     redis_url: SecretStr | None = None
+    environment: Environment = Field(
+        DEFAULT_ENVIRONMENT,
+        description="Where tenants' tasks run unless the policy gives a tenant its own: 'dev'; "
+        "'sandbox' (writes go to each tool's sandbox target, or are refused); 'prod' (every "
+        "write waits for approval unless its tool is exempted)",
+    )
     migrate: bool = Field(False, description="Apply database migrations at start")
     lease_seconds: float = Field(
         6.0,
@@ -117,7 +129,10 @@ class ControllerSettings(BaseSettings):
     )
     overload_retry_after_seconds: int = Field(5, ge=1)
     approval_timeout_seconds: float = Field(
-        3600.0, gt=0, description="A dangerous step not approved within this is rejected"
+        3600.0,
+        gt=0,
+        description="A step waiting for approval (dangerous, or a write in prod) and not approved "
+        "within this is rejected",
     )
     approval_webhook_url: SecretStr | None = Field(
         None,

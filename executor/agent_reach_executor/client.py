@@ -88,6 +88,7 @@ class Assignment:
     max_attempts: int
     heartbeat_timeout_ms: int = 0
     idempotent: bool = False  # the catalogue says a second delivery is harmless
+    environment: str = ""  # where the task runs (dev, sandbox, prod); "" from older controllers
 
     def log_extra(self, event: str) -> dict[str, Any]:
         """The `extra` of a log line about this step."""
@@ -271,6 +272,7 @@ def assignment_from_proto(msg: pb.StepAssignment) -> Assignment:
         max_attempts=msg.max_attempts,
         heartbeat_timeout_ms=msg.heartbeat_timeout_ms,
         idempotent=msg.idempotent,
+        environment=msg.environment,
     )
 
 

@@ -61,6 +61,8 @@ class StepRunner:
     async def run(self, assignment: Assignment) -> StepResult:
         lease = assignment.lease
         parent = parse_traceparent(assignment.traceparent)
+        # An older controller says no environment: the span leaves it out rather than guess.
+        where = {telemetry.ENVIRONMENT: assignment.environment} if assignment.environment else {}
         with telemetry.span(
             f"{telemetry.EXECUTE} {assignment.tool}",
             trace_id=assignment.trace_id,
@@ -74,6 +76,7 @@ class StepRunner:
                 telemetry.GEN_AI_TOOL_TYPE: "function",
                 telemetry.TASK_ID: assignment.task_id,
                 telemetry.ATTEMPT: lease.attempt,
+                **where,
             },
         ) as current:
             result = await self._run(assignment)

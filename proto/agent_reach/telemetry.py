@@ -59,6 +59,7 @@ STEP_ID = "agent_reach.step_id"
 ATTEMPT = "agent_reach.attempt"
 EXECUTOR_ID = "agent_reach.executor_id"
 OUTCOME = "agent_reach.outcome"
+ENVIRONMENT = "agent_reach.environment"  # where the task runs: dev, sandbox or prod
 ERROR_TYPE = "error.type"
 
 _chosen_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.processes import REACH, api, cluster, wait_until
+from tests.support.otlp import OtlpReceiver, ReceivedSpan
 
 pytestmark = pytest.mark.e2e
 
@@ -245,3 +246,70 @@ def test_a_newcomer_gets_sentences_not_tracebacks(tmp_path: Path) -> None:
         assert first.startswith("task ")
         assert " succeeded " in first
         assert steps[0].split()[:2] == ["hi", "succeeded"]
+
+
+def test_reach_triggers_runs_a_template_for_a_signed_event(tmp_path: Path) -> None:
+    """A real controller and executor: `reach triggers save`, then `send` twice with one id."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        json.dumps(
+            {"tools": [{"name": "orders.echo", "description": "Echo.", "connector": "echo"}]}
+        )
+    )
+    template = tmp_path / "template.yaml"
+    template.write_text(
+        "steps:\n"
+        "  - {step_id: stock, tool: orders.echo, args: {sku: $event.sku}}\n"
+        "  - step_id: tell\n"
+        "    tool: orders.echo\n"
+        "    args: {to: $event.email, sku: $stock.output.args.sku}\n"
+        "    depends_on: [stock]\n"
+    )
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"sku": "UMB-1", "email": "ann@example.test"}))
+    with OtlpReceiver() as otlp, cluster(tmp_path, env=_traced(otlp)) as c:
+        dev = c.dev("dev", tools=tools)
+        wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="reach dev")
+        key = ["--url", f"http://{dev.info['http']}", "--api-key", c.api_key]
+        done = subprocess.run(
+            [*REACH, "triggers", "save", "orders.new", str(template), *key],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        secret = json.loads(done.stdout)["secret"]
+        send = ("triggers", "send", "orders.new", str(event), "--id", "order-7", "--url")
+        first = _reach(*send, f"http://{dev.info['http']}", "--secret", secret)
+        again = _reach(*send, f"http://{dev.info['http']}", "--secret", secret)
+        assert (first["created"], again["created"]) == (True, False)
+        assert again["task_id"] == first["task_id"]
+        finished = wait_until(
+            lambda: (t := _reach("status", first["task_id"], *key))["status"] == "succeeded" and t,
+            within=30,
+            what="the trigger's task to run",
+        )
+        steps = {s["step_id"]: s for s in finished["steps"]}
+        assert steps["tell"]["resolved_args"] == {"to": "ann@example.test", "sku": "UMB-1"}
+        listed = _reach("triggers", "list", *key)
+        assert [t["name"] for t in listed["triggers"]] == ["orders.new"]
+        assert secret not in json.dumps(listed)
+
+        # The run is one trace of its own: its submit says which trigger and event started it,
+        # and both steps ran under it.
+        def run_trace() -> list[ReceivedSpan] | None:
+            spans = [s for s in otlp.spans() if s.trace_id == first["trace_id"]]
+            ran = [s for s in spans if s.name == "execute_tool orders.echo"]
+            return spans if len(ran) == 2 else None
+
+        spans = wait_until(run_trace, within=30, what="the run's spans at the receiver")
+        (root,) = [s for s in spans if s.name == "submit_task"]
+        assert root.parent_span_id in (None, "")
+        assert root.attributes["agent_reach.trigger"] == "orders.new"
+        assert root.attributes["agent_reach.event_id"] == "order-7"
+        assert secret not in json.dumps([s.attributes for s in otlp.spans()])
+
+
+def _traced(otlp: OtlpReceiver) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}

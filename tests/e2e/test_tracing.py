@@ -83,6 +83,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
     assert root.parent_span_id == request.span_id  # FastAPI's server span, nothing between
     assert not [s.name for s in spans if s.name.startswith("fastapi.")]  # no operation spans
     assert root.attributes[telemetry.TASK_ID] == task_id
+    assert root.attributes[telemetry.ENVIRONMENT] == "dev"  # the controller's default
     for name in ("validate_plan", "store_task"):
         (child,) = [s for s in spans if s.name == name]
         assert child.parent_span_id == root.span_id
@@ -93,6 +94,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
         assert (dispatch.name, dispatch.kind) == (f"dispatch_step {TOOL}", "producer")
         assert dispatch.parent_span_id == root.span_id
         assert dispatch.attributes[telemetry.ATTEMPT] == attempt
+        assert dispatch.attributes[telemetry.ENVIRONMENT] == "dev"
         execute = by_id[telemetry.execute_span_id(task_id, "e0", attempt)]
         assert execute.parent_span_id == dispatch.span_id
         assert execute.service == "agent-reach-executor"
@@ -104,6 +106,7 @@ def test_a_task_is_one_trace_from_the_request_to_the_downstream_call(
             "gen_ai.tool.type": "function",
             telemetry.TASK_ID: None,
             telemetry.ATTEMPT: attempt,
+            telemetry.ENVIRONMENT: "dev",  # the assignment says (the proto's `environment`)
             telemetry.OUTCOME: "failed" if attempt == 1 else "succeeded",
             **({"error.type": "downstream_unavailable"} if attempt == 1 else {}),
         }

@@ -81,6 +81,7 @@ class FakeController:
         tool: str | None = None,
         timeout_ms: int = 5_000,
         config: dict[str, Any] | None = None,
+        environment: str = "",
     ) -> Key:
         key = (self._next_key, 1)
         self._next_key += 1
@@ -98,6 +99,7 @@ class FakeController:
                 traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
                 timeout_ms=timeout_ms,
                 max_attempts=3,
+                environment=environment,
             )
         )
         self._changed.set()

@@ -49,7 +49,9 @@ async def test_register_returns_the_timings(fake: FakeController, client: Contro
 
 
 async def test_poll_converts_assignments(fake: FakeController, client: ControllerClient) -> None:
-    key = fake.enqueue(connector="echo", args={"a": 1}, tool="echo.say", timeout_ms=1234)
+    key = fake.enqueue(
+        connector="echo", args={"a": 1}, tool="echo.say", timeout_ms=1234, environment="sandbox"
+    )
     fake.enqueue(connector="other")
     steps = await client.poll_steps(["echo"], max_steps=10, wait_s=0.1, deadline_s=2)
     assert len(steps) == 1
@@ -62,6 +64,7 @@ async def test_poll_converts_assignments(fake: FakeController, client: Controlle
         3,
     )
     assert json.loads(step.args_json) == {"a": 1}
+    assert step.environment == "sandbox"  # "" from a controller older than environments
     assert step.lease_expires_at_ms > 0
     assert fake.polls[0].request.wait_ms == 100
 

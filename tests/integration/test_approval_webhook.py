@@ -81,6 +81,7 @@ async def test_a_request_is_signed_retried_until_2xx_and_can_be_acted_on(
                     "args_hash": pay.approval["args_hash"],
                     "requested_by": "agent",
                     "tenant": "default",
+                    "environment": "dev",
                     "trace_id": None,
                     "requested_at": None,
                     "decide_by": None,

@@ -81,8 +81,12 @@ async def test_every_v1_route_needs_a_valid_key_and_health_does_not(
             for (method, path), headers in itertools.product(routes, ({}, wrong)):
                 response = await client.request(method, path, headers=headers, json={})
                 assert response.status_code == 401, (method, path, response.text)
-                assert response.headers["www-authenticate"] == "Bearer"
-                assert response.json()["code"] == "unauthenticated"
+                # A trigger's run is signed, not keyed: its challenge says so.
+                signed = method == "POST" and path == "/v1/triggers/x"
+                challenge = "StandardWebhooks" if signed else "Bearer"
+                assert response.headers["www-authenticate"] == challenge
+                code = "bad_signature" if signed else "unauthenticated"
+                assert response.json()["code"] == code
             for path in ("/healthz", "/readyz"):
                 assert (await client.get(path)).status_code == 200
 

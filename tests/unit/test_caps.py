@@ -74,13 +74,18 @@ def test_tools_without_effects_keep_the_version_they_had() -> None:
     plain = tool()
     assert plain.version == "d21578faeb0f"  # what commit fbcffde, before these fields, computed
     before = plain.model_dump(mode="json")
-    for later in ("effects", "cost", "redact", "fan_out", "verify", "map_args"):  # added since
+    added_since = (
+        *("effects", "cost", "redact", "fan_out", "verify", "map_args"),
+        *("exempt_from_prod_approval", "sandbox"),
+    )
+    for later in added_since:
         del before[later]
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert plain.version == hashlib.sha256(canonical.encode()).hexdigest()[:12]
     assert tool(effects={"message": 1}).version != plain.version
     assert tool(cost=1).version != plain.version
     assert tool(redact=["token"]).version != plain.version
+    assert tool(sandbox={"url": "https://sandbox.example"}).version != plain.version
 
 
 # --- what a call charges -------------------------------------------------------------------------

@@ -404,6 +404,23 @@ def test_controllers_stop_within_their_grace() -> None:
         render(short)
 
 
+def test_the_controllers_environment_is_a_value_the_controller_accepts() -> None:
+    def controller_env(values: dict[str, Any]) -> dict[str, Any]:
+        (controller,) = [
+            d for d in by_kind(render(values), "Deployment") if component(d) == "controller"
+        ]
+        container = controller["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert controller_env(VALUES["minimal"])["AGENT_REACH_CONTROLLER_ENVIRONMENT"] == "dev"
+    prod = copy.deepcopy(VALUES["minimal"])
+    prod["controller"] = {"environment": "prod"}
+    assert controller_env(prod)["AGENT_REACH_CONTROLLER_ENVIRONMENT"] == "prod"
+    prod["controller"] = {"environment": "staging"}
+    with pytest.raises(helm.HelmError, match="environment"):
+        render(prod)
+
+
 def test_prometheus_finds_every_replica_and_gets_the_rules_the_repository_tests() -> None:
     docs = render(VALUES["production"])
     (monitor,) = by_kind(docs, "ServiceMonitor")

@@ -365,8 +365,10 @@ def test_corpus_covers_every_code() -> None:
 
     # cycle, ungrounded_argument and cap_exceeded have their own tests (test_grounding.py and
     # test_caps.py for the last two)
-    # forbidden is only ever a refused call of a model's turn (test_dialects.py)
-    covered = {c[3] for c in CORPUS} | {"cycle", "ungrounded_argument", "cap_exceeded", "forbidden"}
+    # forbidden is only ever a refused call of a model's turn (test_dialects.py); reserved and
+    # missing_event_field belong to trigger templates (test_templates.py, test_triggers.py)
+    own_tests = {"cycle", "ungrounded_argument", "cap_exceeded", "forbidden"}
+    covered = {c[3] for c in CORPUS} | own_tests | {"reserved", "missing_event_field"}
     assert covered == {code.value for code in ProblemCode}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -63,6 +64,13 @@ def test_to_dict_matches_design_shape() -> None:
     assert ok["data"] == {"id": 1}
     assert "error" not in ok
     assert list(ok) == ["status", "data", "meta"]
+
+
+def test_a_receipt_says_where_it_ran_and_reads_back_the_same() -> None:
+    in_prod = Receipt(status="succeeded", meta=replace(META, environment="prod")).to_dict()
+    assert in_prod["meta"]["environment"] == "prod"
+    assert Receipt.from_dict(in_prod).to_dict() == in_prod
+    assert "environment" not in receipt().to_dict()["meta"]  # stored before environments
 
 
 def test_project_output() -> None:

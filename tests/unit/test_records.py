@@ -41,6 +41,7 @@ def test_a_row_read_field_by_field_equals_one_built_by_its_constructor() -> None
         "updated_at": now,
         "priority": 0,
         "tenant": "default",
+        "environment": "sandbox",
         "queued_at": now,
         "not_a_field": "ignored",
     }
@@ -67,3 +68,23 @@ def test_a_row_read_field_by_field_equals_one_built_by_its_constructor() -> None
     )
     assert task.status is TaskStatus.PENDING
     assert task.input_tokens is None  # as read: the column's value, not the field's default
+
+
+def test_a_row_stored_before_environments_reads_as_dev() -> None:
+    """Rows a release before 0025 wrote have no environment (NULL): their tasks ran in dev."""
+    now = datetime.now(UTC)
+    step = StepRow.from_mapping(
+        {
+            **dict.fromkeys(steps.c.keys()),
+            "status": "ready",
+            "depends_on": [],
+            "created_at": now,
+            "updated_at": now,
+        }
+    )
+    task = TaskRow.from_mapping({**dict.fromkeys(tasks.c.keys()), "status": "pending"})
+    assert (step.environment, task.environment) == ("dev", "dev")
+    prod = TaskRow.from_mapping(
+        {**dict.fromkeys(tasks.c.keys()), "status": "pending", "environment": "prod"}
+    )
+    assert prod.environment == "prod"

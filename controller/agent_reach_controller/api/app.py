@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from agent_reach_controller.api import executors, media, openapi, replay, tools
+from agent_reach_controller.api import executors, media, openapi, replay, tools, triggers
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -46,6 +46,7 @@ from agent_reach_controller.services.operator import (
     StepNotResolvableError,
 )
 from agent_reach_controller.services.queries import StepNotFoundError, TaskNotFoundError
+from agent_reach_controller.services.triggers import TriggerError
 from agent_reach_controller.storage.engine import DATABASE_ERRORS, STORAGE_DOWN
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,19 @@ def _install_auth_handlers(app: FastAPI) -> None:
             ],
         )
 
+    @app.exception_handler(TriggerError)
+    async def trigger_refused(_: Request, exc: TriggerError) -> Response:
+        errors = [] if exc.pointer is None else [exc.problem()]
+        headers = {"WWW-Authenticate": exc.challenge} if exc.challenge else None
+        return problem_response(
+            exc.status,
+            code=exc.code,
+            title=exc.title,
+            detail=str(exc),
+            errors=errors,
+            headers=headers,
+        )
+
     @app.exception_handler(KeyNotFoundError)
     async def no_key(_: Request, exc: KeyNotFoundError) -> Response:
         return problem_response(
@@ -340,6 +354,7 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(keys_router)
     app.include_router(executors.tokens_router)
     app.include_router(executors.fleet_router)
+    app.include_router(triggers.router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
     _install_state_handlers(app)

@@ -160,7 +160,11 @@ class McpGateway:
                 trace_id=trace_id,
                 span_id=telemetry.task_span_id(task_id),
                 parent_span_id=parent[1] if parent else None,
-                attributes={telemetry.TASK_ID: task_id, "agent_reach.entry": "mcp"},
+                attributes={
+                    telemetry.TASK_ID: task_id,
+                    telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
+                    "agent_reach.entry": "mcp",
+                },
             ):
                 submitted, _ = await accept_plan(
                     deps,

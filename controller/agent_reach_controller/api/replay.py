@@ -72,7 +72,11 @@ async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
         trace_id=view.task.trace_id,
         span_id=telemetry.task_span_id(new_id),
         parent_span_id=original,
-        attributes={telemetry.TASK_ID: new_id, "agent_reach.rerun_of": task_id},
+        attributes={
+            telemetry.TASK_ID: new_id,
+            telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
+            "agent_reach.rerun_of": task_id,
+        },
     ):
         to = Acceptance(
             task_id=new_id,

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from agent_reach_controller.settings import Environment
 from agent_reach_controller.tools.catalog import DURATION_SCHEMA
 
 
@@ -117,6 +118,12 @@ class TaskOut(BaseModel):
     status: str
     goal: str | None
     source: str = Field(description="The dialect it was submitted in")
+    environment: Environment = Field(
+        "dev",
+        description="Where it runs, fixed at submit (the tenant's in the policy, else the "
+        "controller's): in sandbox writes go to each tool's sandbox target; in prod every write "
+        "waits for approval unless its tool is exempted",
+    )
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

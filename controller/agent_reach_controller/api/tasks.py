@@ -66,7 +66,9 @@ async def _validate(
     deps: Components, who: Principal, body: Any, to: Acceptance
 ) -> tuple[Plan, int]:
     """The plan checked against the catalogue this replica holds, and that catalogue's revision
-    (the submit transaction checks it is still current); PlanInvalidError → 422, every problem.
+    (the submit transaction checks it is still current), for the caller's tenant's environment
+    (in `sandbox`, a tool that writes there without a sandbox target is refused);
+    PlanInvalidError → 422, every problem.
 
     A refused plan, or a turn with a refused call, is checked once more if the catalogue moved
     meanwhile: it may name a tool another replica has just created, enabled or changed.
@@ -75,8 +77,17 @@ async def _validate(
     def permits(tool: str) -> bool:
         return deps.policy.allows(who.roles, Action.SUBMIT, tool)
 
+    environment = deps.environment_of(who.tenant)
+
     def parse() -> Plan:
-        return parse_plan(body, deps.catalog, dialect=to.dialect, atomic=to.atomic, permits=permits)
+        return parse_plan(
+            body,
+            deps.catalog,
+            dialect=to.dialect,
+            atomic=to.atomic,
+            permits=permits,
+            environment=environment,
+        )
 
     revision = deps.registry.revision
     try:
@@ -127,6 +138,8 @@ class Acceptance:
     idempotency_key: str | None = None
     dialect: str | None = None  # None: recognised from the body
     atomic: bool = False  # a model's turn refused whole for one bad call, as a plan is
+    key_scope: str | None = None  # see SubmitInput: a trigger's events have their own scope
+    fingerprint: str | None = None
 
 
 async def accept_plan(
@@ -138,7 +151,13 @@ async def accept_plan(
     validate and store spans under it.
     """
     root = telemetry.task_span_id(to.task_id)
-    with telemetry.span(telemetry.VALIDATE, trace_id=to.trace_id, parent_span_id=root) as span:
+    environment = deps.environment_of(who.tenant)
+    with telemetry.span(
+        telemetry.VALIDATE,
+        trace_id=to.trace_id,
+        parent_span_id=root,
+        attributes={telemetry.ENVIRONMENT: environment},
+    ) as span:
         plan, revision = await _validate(deps, who, body, to)
         span.set_attribute("agent_reach.dialect", plan.source)
         for call in plan.refused:  # each stored as a failed step, its reply an error
@@ -152,7 +171,12 @@ async def accept_plan(
             if in_flight >= per_caller:
                 raise TooManyInFlightError(who.name, in_flight, per_caller)
     with (
-        telemetry.span(telemetry.STORE, trace_id=to.trace_id, parent_span_id=root),
+        telemetry.span(
+            telemetry.STORE,
+            trace_id=to.trace_id,
+            parent_span_id=root,
+            attributes={telemetry.ENVIRONMENT: environment},
+        ),
         deps.admission.admit(len(plan.steps), limit=deps.settings.max_queued_steps) as admitted,
     ):
         submit = SubmitInput(
@@ -166,6 +190,9 @@ async def accept_plan(
             trace_id=to.trace_id,
             parent_span_id=to.parent_span_id,
             catalog_revision=revision,
+            environment=environment,
+            key_scope=to.key_scope,
+            fingerprint=to.fingerprint,
         )
         try:
             submitted = await deps.intake.submit(submit)
@@ -179,7 +206,11 @@ async def accept_plan(
 
 async def _read_json(request: Request, limit: int) -> Any:
     """The body as JSON, refusing more than `limit` bytes before buffering them."""
-    body = await read_body(request, limit)
+    return parse_json(await read_body(request, limit))
+
+
+def parse_json(body: bytes) -> Any:
+    """A body as JSON (NaN and Infinity refused); BadJsonError otherwise."""
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
@@ -278,7 +309,10 @@ async def submit_task(
         trace_id=trace_id,
         span_id=telemetry.task_span_id(task_id),
         parent_span_id=http_span[1] if http_span else None,
-        attributes={telemetry.TASK_ID: task_id},
+        attributes={
+            telemetry.TASK_ID: task_id,
+            telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
+        },
     ) as current:
         body = await _read_json(request, deps.settings.max_body_bytes)
         submitted, steps = await accept_plan(
@@ -436,7 +470,7 @@ async def reschedule_step(
     "/{task_id}/steps/{step_id}/approval",
     response_model=schemas.TaskOut,
     responses=BODY_PROBLEMS,
-    summary="Approve or reject a dangerous step (approvers of its tool)",
+    summary="Approve or reject a step waiting for approval (approvers of its tool)",
 )
 async def decide_step(
     task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller

@@ -51,6 +51,7 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
         status=task.status,
         goal=task.goal,
         source=task.source,
+        environment=task.environment,
         created_at=task.created_at,
         updated_at=task.updated_at,
         finished_at=task.finished_at,

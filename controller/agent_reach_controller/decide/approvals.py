@@ -1,9 +1,12 @@
-"""Approvals of dangerous steps: bound to the tool version and a hash of the exact arguments.
+"""Approvals of steps that wait for a person: bound to the tool version and a hash of the exact
+arguments.
 
-An approval is asked for when a `dangerous` step becomes ready; it says which tool version and
-which arguments (a SHA-256 of their canonical JSON) it is about, and until when it may be given.
-It is checked again when the step is leased, so an approval can never be spent on other
-arguments, another step or another version of the tool.
+Which steps wait is one rule, `tools.environments.needs_approval`: a `dangerous` tool's, and in
+the `prod` environment a `write` tool's unless it is exempted. An approval is asked for when
+such a step becomes ready; it says which tool version and which arguments (a SHA-256 of their
+canonical JSON) it is about, and until when it may be given. It is checked again when the step
+is leased, so an approval can never be spent on other arguments, another step or another
+version of the tool.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.decide.outcomes import Decision, terminal_values
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
+from agent_reach_controller.tools.environments import needs_approval
 
 
 def args_hash(args: Any) -> str:
@@ -51,8 +55,9 @@ def requests(
     now: datetime,
     ttl: timedelta,
 ) -> list[StepChange]:
-    """The second move of each dangerous step just made ready: it waits for a person instead,
-    and is never offered to an executor until approved (`unblocked`: changes applied)."""
+    """The second move of each step just made ready that needs an approval in its environment
+    (`needs_approval`): it waits for a person instead, and is never offered to an executor until
+    approved (`unblocked`: changes applied)."""
     return [
         StepChange(
             step=replace(c.step, status=StepStatus.READY, **c.values),
@@ -67,12 +72,13 @@ def requests(
         )
         for c in unblocked
         if c.transition is Transition.UNBLOCK
-        and tool_of(c.step.tool, c.step.tool_version).risk == "dangerous"
+        and needs_approval(tool_of(c.step.tool, c.step.tool_version), c.step.environment)
     ]
 
 
 def mismatch(step: StepRow) -> str | None:
-    """Why a leased dangerous step may not run on its approval; None when the approval holds."""
+    """Why a leased step that needs an approval may not run on the one it has; None when the
+    approval holds."""
     approval = step.approval or {}
     if approval.get("decision") != "approved":
         return "not run: it has no approval"

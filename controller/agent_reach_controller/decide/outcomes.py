@@ -21,6 +21,7 @@ from agent_reach_controller.receipts import (
 )
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolSpec, backoff_delay
+from agent_reach_controller.tools.environments import needs_approval, sandbox_refusal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +90,7 @@ def terminal_values(
             trace_id=step.trace_id,
             verified=None,
             fallback_for=step.fallback_from,
+            environment=step.environment,
         ),
     )
     return {
@@ -367,8 +369,10 @@ def _out_of_time(
 def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     """A step that failed for good tries its tool's fallback, with the same arguments.
 
-    Not after a spent budget or deadline (a fallback is one more attempt), and not when the
-    arguments do not fit the fallback's schema.
+    Not after a spent budget or deadline (a fallback is one more attempt), not when the
+    arguments do not fit the fallback's schema, and not when the fallback may not run in the
+    step's environment as the step stands: it would need an approval the step has not got (for
+    this tool), or, in `sandbox`, a sandbox target it does not have.
     """
     if change.transition not in (Transition.FAIL, Transition.GIVE_UP) or ctx.tool.fallback is None:
         return change
@@ -379,6 +383,8 @@ def _or_fallback(change: StepChange, ctx: Decision) -> StepChange:
     step = change.step
     args = step.resolved_args if step.resolved_args is not None else step.args
     if fallback is None or not fallback.enabled or validate_resolved_args(fallback, args):
+        return change
+    if needs_approval(fallback, step.environment) or sandbox_refusal(fallback, step.environment):
         return change
     switched = {
         "from": step.tool,

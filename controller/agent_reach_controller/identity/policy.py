@@ -14,6 +14,15 @@ tenant's own entry replaces it class by class:
     tenants:
       "*":  {caps: {payment: {limit: 10, window: 24h}}, per_task: {payment: 1}}
       acme: {caps: {payment: {limit: 50, window: 24h}, cost: {limit: 1000, window: 1h}}}
+
+A tenant runs in an environment: `dev`, `sandbox` (writes go to each tool's sandbox target, or
+are refused) or `prod` (every write waits for approval unless its tool is exempted). Its own
+entry's `environment` decides, else the `"*"` entry's, else the controller's
+(AGENT_REACH_CONTROLLER_ENVIRONMENT, default `dev`):
+
+    tenants:
+      "*":    {environment: prod}
+      lab:    {environment: sandbox}
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_reach_controller.decide.caps import TenantCaps
+from agent_reach_controller.settings import Environment
 from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds
 
 # The longest window a tenant's cap may count over.
@@ -65,6 +75,8 @@ class TenantLimits(BaseModel):
     caps: dict[EffectClass, WindowCap] = Field(default_factory=dict)
     # Over each task's life, besides (and never looser than) the task's own caps.
     per_task: dict[EffectClass, CapLimit] = Field(default_factory=dict)
+    # Where the tenant's tasks run; None: the `"*"` entry's, else the controller's.
+    environment: Environment | None = None
 
 
 class Policy(BaseModel):
@@ -82,6 +94,14 @@ class Policy(BaseModel):
             windows={name: (cap.limit, cap.window) for name, cap in windows.items()},
             per_task={**default.per_task, **own.per_task},
         )
+
+    def environment_for(self, tenant: str, default: Environment) -> Environment:
+        """Where a tenant's tasks run: its own entry's environment, else the `"*"` entry's,
+        else `default` (the controller's)."""
+        for entry in (self.tenants.get(tenant), self.tenants.get("*")):
+            if entry is not None and entry.environment is not None:
+                return entry.environment
+        return default
 
     def allows(self, roles: Iterable[str], action: Action, tool: str = "*") -> bool:
         for role in roles:

@@ -11,7 +11,15 @@ from zoneinfo import ZoneInfo
 from pydantic import ValidationError
 
 from agent_reach.errors import ErrorCode
-from agent_reach_controller.planning import effects, fanout, grounding, schedule, verify
+from agent_reach_controller.planning import (
+    effects,
+    fanout,
+    grounding,
+    sandbox,
+    schedule,
+    templates,
+    verify,
+)
 from agent_reach_controller.planning.conditions import (
     ConditionError,
     compile_condition,
@@ -155,8 +163,11 @@ def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -
     return spec
 
 
-def _check_references(draft: StepDraft, ids: set[str], out: ProblemCollector) -> list[str]:
-    """Reference problems of a step; returns the pointers (relative to args) of all references."""
+def _check_references(
+    draft: StepDraft, ids: set[str], out: ProblemCollector, *, template: bool
+) -> list[str]:
+    """Reference problems of a step; returns the pointers (relative to args) of all references
+    (in a trigger's `template`, `$event` ones too: they are filled when it runs)."""
     assert draft.args is not None
     args_pointer, addressable = draft.pointers["args"], draft.args_addressable
 
@@ -176,7 +187,13 @@ def _check_references(draft: StepDraft, ids: set[str], out: ProblemCollector) ->
         elif ref.step_id not in draft.depends_on:
             detail = f"step {ref.step_id!r} is referenced but not listed in depends_on"
             add(ref.pointer, P.UNDECLARED_REFERENCE, detail)
-    return [r.pointer for r in refs] + [b.pointer for b in malformed]
+    pointers = [r.pointer for r in refs] + [b.pointer for b in malformed]
+    if template:
+        events, bad_events = templates.references(draft.args)
+        for problem in bad_events:
+            add(problem.pointer, problem.code, problem.detail)
+        pointers += [e.pointer for e in events] + [p.pointer for p in bad_events]
+    return pointers
 
 
 def _check_args(
@@ -186,6 +203,7 @@ def _check_args(
     ids: set[str],
     limits: PlanLimits,
     out: ProblemCollector,
+    template: bool = False,
 ) -> None:
     if draft.args is None:
         return
@@ -207,7 +225,7 @@ def _check_args(
     if too_large is not None:
         out.extend([too_large])
         return
-    references = _check_references(draft, ids, out)
+    references = _check_references(draft, ids, out, template=template)
     if spec is not None and not problems:
         out.extend(
             schema_problems(
@@ -244,12 +262,21 @@ def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: Proble
 
 
 def _check_grounding(
-    draft: StepDraft, spec: ToolSpec, context: dict[str, Any], out: ProblemCollector
+    draft: StepDraft,
+    spec: ToolSpec,
+    context: dict[str, Any],
+    out: ProblemCollector,
+    *,
+    template: bool,
 ) -> None:
-    """Grounded arguments must come from the context or a reference (see planning/grounding)."""
+    """Grounded arguments must come from the context or a reference (see planning/grounding);
+    in a trigger's template, from the event too (a run puts it in the context)."""
     assert draft.args is not None
     where = draft.pointers["args"]
-    found = grounding.problems(spec.grounded, draft.args, context, base=where)
+    args = draft.args
+    if template:
+        args = {k: v for k, v in args.items() if not templates.is_reference(v)}
+    found = grounding.problems(spec.grounded, args, context, base=where)
     if not draft.args_addressable:  # a JSON string: point at it, the detail names the argument
         found = [Problem(pointer=where, code=p.code, detail=p.detail) for p in found]
     out.extend(found)
@@ -308,7 +335,19 @@ def _planned(
     )
 
 
-def parse_plan(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Reading:
+    """How a body is read: see `parse_plan` and `parse_template`."""
+
+    limits: PlanLimits
+    dialect: str | None
+    atomic: bool
+    permits: Callable[[str], bool] | None = None
+    template: bool = False
+    environment: str = "dev"  # where the task will run (planning/sandbox.py)
+
+
+def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
     body: Any,
     catalog: ToolCatalog,
     *,
@@ -316,16 +355,33 @@ def parse_plan(
     dialect: str | None = None,
     atomic: bool = False,
     permits: Callable[[str], bool] | None = None,
+    environment: str = "dev",
 ) -> Plan:
     """Validate a submitted body (in `dialect`, or the one it is recognised as) into a Plan.
 
     Raises PlanInvalidError with every problem found (each with a JSON pointer into `body`).
     In a model's turn (not a plan, and not `atomic`) a problem of one call refuses only that
     call: it is in `Plan.refused`, to be stored as a failed step, and so is a call to a tool
-    `permits` does not allow.
+    `permits` does not allow, or one `environment` refuses (planning/sandbox.py).
     """
+    how = _Reading(
+        limits=limits, dialect=dialect, atomic=atomic, permits=permits, environment=environment
+    )
+    return _parse(body, catalog, how)
+
+
+def parse_template(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFAULT_LIMITS) -> Plan:
+    """Validate a trigger's template: a plan whose step arguments and context may hold `$event`
+    references (planning/templates.py), checked as far as they can be before an event fills
+    them. Raises PlanInvalidError with every problem found."""
+    how = _Reading(limits=limits, dialect="plan", atomic=True, template=True)
+    return _parse(body, catalog, how)
+
+
+def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
+    limits, template, permits = how.limits, how.template, how.permits
     out = ProblemCollector(limits.max_problems)
-    turn = read_turn(body, limits, out, dialect=dialect)
+    turn = read_turn(body, limits, out, dialect=how.dialect)
     if turn is None:
         raise PlanInvalidError(out.items)
     drafts, options = turn.drafts, turn.options
@@ -333,27 +389,31 @@ def parse_plan(
     _check_goal(turn.goal, limits, out)
     context = _check_context(options.context, limits, out)
     _check_ids(drafts, out)
+    if template:
+        _check_reserved(drafts, context, out)
     ids = {d.step_id for d in drafts}
     nodes = [
         Node(step_id=d.step_id, depends_on=tuple(d.depends_on), pointer=d.pointers["depends_on"])
         for d in drafts
     ]
     out.extend(dependency_problems(nodes))
-    per_call = turn.dialect.per_call and not atomic
+    per_call = turn.dialect.per_call and not how.atomic
     checked: list[_Checked] = []
     for draft in drafts:
         sink = ProblemCollector(limits.max_problems) if per_call else out
         sink.extend(draft.problems)
         spec = _check_tool(draft, catalog, sink)
-        _check_args(draft, spec, ids=ids, limits=limits, out=sink)
+        _check_args(draft, spec, ids=ids, limits=limits, out=sink, template=template)
         _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:
-            _check_grounding(draft, spec, context, sink)
+            _check_grounding(draft, spec, context, sink, template=template)
         if spec is not None and spec.fan_out is not None and isinstance(draft.args, dict):
             sink.extend(fanout.problems(draft.step_id, spec, draft.args, draft.pointers["args"]))
         if per_call and spec is not None and permits is not None and not permits(spec.name):
             detail = f"you may not call tool {spec.name!r}"
             sink.add(draft.pointers["tool"], P.FORBIDDEN, detail)
+        where = draft.pointers["tool"]
+        sink.extend(sandbox.problems(spec, catalog, how.environment, pointer=where))
         retry, timeouts = _step_retry(draft, spec, sink), _step_timeouts(draft, sink)
         when = _step_schedule(draft, timezone, sink)
         checked.append(_Checked(draft, spec, retry, timeouts, sink.items if per_call else [], when))
@@ -446,6 +506,23 @@ def _refusal(checked: _Checked) -> RefusedCall:
         args_pointer=draft.pointers["args"],
         problems=tuple(checked.problems),
     )
+
+
+def _check_reserved(
+    drafts: list[StepDraft], context: dict[str, Any], out: ProblemCollector
+) -> None:
+    """A template leaves `event` and `trigger` to its runs: no step called `event`, no context
+    entry of either."""
+    for draft in drafts:
+        if draft.step_id == templates.EVENT:
+            detail = f"{templates.EVENT!r} is reserved in a trigger's template: it names the event"
+            out.add(draft.pointers["step_id"], P.RESERVED, detail)
+    for name in (templates.EVENT, templates.ORIGIN):
+        if name in context:
+            detail = f"{name!r} is reserved in a trigger's template: each run sets it"
+            out.add(f"/context/{name}", P.RESERVED, detail)
+    _, bad = templates.references(context, "/context")
+    out.extend(bad)
 
 
 def _check_goal(goal: str | None, limits: PlanLimits, out: ProblemCollector) -> None:

@@ -31,6 +31,10 @@ class ProblemCode(StrEnum):
     CAP_EXCEEDED = "cap_exceeded"
     # A call in a model's turn to a tool its caller may not use (a plan gets 403 instead).
     FORBIDDEN = "forbidden"
+    # A trigger's template uses a name a run gives its own meaning (`event`).
+    RESERVED = "reserved"
+    # A trigger's event lacks a part its template reads (`$event.order.id`).
+    MISSING_EVENT_FIELD = "missing_event_field"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

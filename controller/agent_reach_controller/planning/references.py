@@ -107,27 +107,31 @@ def _step(value: Any, segment: str, trail: str) -> Any:
     raise LookupError(f"{trail} is a {kind}; it has no key {segment!r}")
 
 
-def _lookup(ref: Reference, outputs: Mapping[str, Any]) -> Any:
-    if ref.step_id not in outputs:
-        raise UnresolvedReferenceError(ref.pointer, f"no output recorded for step {ref.step_id!r}")
-    value = outputs[ref.step_id]
-    trail = f"${ref.step_id}.output"
-    for segment in ref.path:
-        try:
-            value = _step(value, segment, trail)
-        except LookupError as exc:
-            raise UnresolvedReferenceError(ref.pointer, str(exc.args[0])) from None
+def follow(value: Any, path: tuple[str, ...], trail: str) -> Any:
+    """The part of `value` at `path`; LookupError saying which part is missing (`trail` names
+    `value` in that sentence)."""
+    for segment in path:
+        value = _step(value, segment, trail)
         trail = f"{trail}.{segment}"
     return value
 
 
-def _transform(value: Any, on_string: Callable[[str, str], Any], pointer: str = "") -> Any:
+def _lookup(ref: Reference, outputs: Mapping[str, Any]) -> Any:
+    if ref.step_id not in outputs:
+        raise UnresolvedReferenceError(ref.pointer, f"no output recorded for step {ref.step_id!r}")
+    try:
+        return follow(outputs[ref.step_id], ref.path, f"${ref.step_id}.output")
+    except LookupError as exc:
+        raise UnresolvedReferenceError(ref.pointer, str(exc.args[0])) from None
+
+
+def transform(value: Any, on_string: Callable[[str, str], Any], pointer: str = "") -> Any:
     if isinstance(value, str):
         return on_string(value, pointer)
     if isinstance(value, dict):
-        return {k: _transform(v, on_string, pointer_join(pointer, k)) for k, v in value.items()}
+        return {k: transform(v, on_string, pointer_join(pointer, k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_transform(v, on_string, pointer_join(pointer, i)) for i, v in enumerate(value)]
+        return [transform(v, on_string, pointer_join(pointer, i)) for i, v in enumerate(value)]
     return value
 
 
@@ -148,9 +152,9 @@ def resolve(args: Any, outputs: Mapping[str, Any]) -> Any:
             return text
         return _lookup(ref, outputs)
 
-    return _transform(args, on_string)
+    return transform(args, on_string)
 
 
 def unescape(args: Any) -> Any:
     """A copy of `args` with `$$` escapes unescaped and references left in place."""
-    return _transform(args, lambda text, _pointer: text[1:] if text.startswith("$$") else text)
+    return transform(args, lambda text, _pointer: text[1:] if text.startswith("$$") else text)

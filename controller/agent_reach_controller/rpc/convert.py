@@ -14,6 +14,7 @@ from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult, 
 from agent_reach_controller.planning import argmap
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
+from agent_reach_controller.tools.environments import connector_config
 
 
 def to_ms(value: datetime | None) -> int:
@@ -47,7 +48,9 @@ def _attempt_timeout_ms(step: StepRow, timeouts: Timeouts, tool: ToolSpec) -> in
 def assignment_to_proto(
     step: StepRow, tool: ToolSpec, *, lease_token: str = "", expires_at: datetime | None = None
 ) -> pb.StepAssignment:
-    """`lease_token` and `expires_at` for a session's lease (whose expiry is the session's)."""
+    """`lease_token` and `expires_at` for a session's lease (whose expiry is the session's).
+    The connector config is the one for the step's environment (in `sandbox`, the tool's sandbox
+    target)."""
     timeouts = Timeouts.effective(tool, step.timeouts)
     return pb.StepAssignment(
         lease=pb.LeaseRef(step_key=step.id, attempt=step.attempt, token=lease_token),
@@ -55,7 +58,7 @@ def assignment_to_proto(
         step_id=step.step_id,
         tool=step.tool,
         connector=step.connector,
-        config_json=_dumps(tool.config),
+        config_json=_dumps(connector_config(tool, step.environment)),
         args_json=_dumps(call_args(step, tool)),
         idempotency_key=step.idempotency_key,
         trace_id=step.trace_id,
@@ -68,6 +71,7 @@ def assignment_to_proto(
         lease_expires_at_ms=to_ms(expires_at or step.lease_expires_at),
         max_attempts=step.max_attempts,
         idempotent=tool.idempotent,
+        environment=step.environment,
     )
 
 

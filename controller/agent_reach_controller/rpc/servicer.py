@@ -411,6 +411,7 @@ def trace_dispatch(claimed: list[StepRow], *, executor_id: str) -> None:
                 telemetry.ATTEMPT: step.attempt,
                 telemetry.EXECUTOR_ID: executor_id,
                 telemetry.GEN_AI_TOOL_NAME: step.tool,
+                telemetry.ENVIRONMENT: step.environment,
                 "rpc.system": "grpc",
                 "rpc.method": "PollSteps",
             },

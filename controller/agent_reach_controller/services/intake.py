@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +23,7 @@ from agent_reach_controller.services.handoff import HandOff, HandOffRefused
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.settings import DEFAULT_ENVIRONMENT, Environment
 from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage import steps as store
@@ -52,6 +53,21 @@ class SubmitInput:
     # The catalogue revision the plan was validated against: if another replica changed the
     # catalogue since, the submit stores nothing and raises CatalogChangedError.
     catalog_revision: int | None = None
+    # Where the task runs, as the plan was validated for it; None: the tenant's (the service's
+    # `environment_of`).
+    environment: Environment | None = None
+    # Whose Idempotency-Keys `idempotency_key` is one of (the principal's unless given: a
+    # trigger's events are `trigger:<name>`'s), and what a repeat must match (the request's
+    # hash unless given: a trigger's run matches on the event, whatever its template became).
+    key_scope: str | None = None
+    fingerprint: str | None = None
+
+    @property
+    def scope(self) -> str:
+        return self.key_scope or self.principal
+
+    def request_fingerprint(self) -> str:
+        return self.fingerprint or request_hash(self.request)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,9 +107,13 @@ class IntakeService:
         hand_off: HandOff | None = None,
         group_open: int = GROUP_OPEN,
         group_size: int = GROUP_SIZE,
+        environment_of: Callable[[str], Environment] | None = None,
     ) -> None:
         self._work = work
         self._hand_off = hand_off
+        # Where a tenant's tasks run (the policy's word, else the controller's); every submit
+        # that does not say is stored with it.
+        self._environment_of = environment_of or _everywhere_dev
         self._groups: GroupCommit[SubmitInput, Submitted] = GroupCommit(
             self._create,
             self._create_together,
@@ -123,11 +143,11 @@ class IntakeService:
         """The first submit's task for a key already used (None if that record is gone)."""
         assert data.idempotency_key is not None
         async with self._work.db.transaction() as conn:
-            stored = await store.load_idempotency_key(conn, data.principal, data.idempotency_key)
+            stored = await store.load_idempotency_key(conn, data.scope, data.idempotency_key)
             if stored is None:
                 return None
             stored_hash, stored_task = stored
-            if stored_hash != request_hash(data.request):
+            if stored_hash != data.request_fingerprint():
                 raise IdempotencyConflictError(stored_task)
             existing = await read_view(conn, stored_task)
         return Submitted(
@@ -149,7 +169,7 @@ class IntakeService:
     async def _create_together(self, group: Sequence[SubmitInput]) -> list[Submitted]:
         """Create several tasks in one transaction. A refusal at commit, or any failure before
         it, wrote nothing: GroupFailed says each may run alone for its own answer."""
-        keys = [(d.principal, d.idempotency_key) for d in group if d.idempotency_key is not None]
+        keys = [(d.scope, d.idempotency_key) for d in group if d.idempotency_key is not None]
         if len(set(keys)) < len(keys):  # one of them answers the others: not in one transaction
             raise GroupFailed(ValueError("one Idempotency-Key twice in a group"))
         made: list[_Made] = []
@@ -170,15 +190,17 @@ class IntakeService:
     async def _add(self, tx: TaskWork, data: SubmitInput, *, hand_off: bool) -> _Made:
         """One task's rows, events and audit entry, added to the unit of work `tx` (its ready
         steps leased to waiting pollers, if `hand_off` and there are any)."""
+        if data.environment is None:
+            data = replace(data, environment=self._environment_of(data.tenant))
         task_id = data.task_id or new_task_id()
         now, conn = tx.now, tx.conn
         if data.idempotency_key is not None:
             await store.claim_idempotency_key(
                 conn,
                 {
-                    "principal": data.principal,
+                    "principal": data.scope,
                     "key": data.idempotency_key,
-                    "request_hash": request_hash(data.request),
+                    "request_hash": data.request_fingerprint(),
                     "task_id": task_id,
                     "created_at": now,
                 },
@@ -199,6 +221,7 @@ class IntakeService:
                         "steps": len(data.plan.steps),
                         "principal": data.principal,
                         "tenant": data.tenant,
+                        "environment": data.environment,
                     },
                     created_at=now,
                 )
@@ -209,7 +232,11 @@ class IntakeService:
             tenant=data.tenant,
             action="task.submit",
             target=f"task:{task_id}",
-            data={"steps": len(data.plan.steps), "source": data.plan.source},
+            data={
+                "steps": len(data.plan.steps),
+                "source": data.plan.source,
+                "environment": data.environment,
+            },
         )
         new = writes_to.NewTask(
             _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
@@ -258,6 +285,7 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "deadline": now + timedelta(seconds=data.plan.deadline_s) if data.plan.deadline_s else None,
         "max_attempts": data.plan.max_attempts,
         "caps": data.plan.caps,
+        "environment": data.environment,
     }
 
 
@@ -316,6 +344,7 @@ def _step_rows(
                 "priority": step.priority,
                 "tenant": data.tenant,
                 "key_id": data.key_id,
+                "environment": data.environment,
                 "attempt": 1,
                 "max_attempts": (step.retry or tool.retry).maximum_attempts,
                 "retry": step.retry.model_dump(mode="json") if step.retry else None,
@@ -354,6 +383,7 @@ def _refused_row(
         "priority": 0,
         "tenant": data.tenant,
         "key_id": data.key_id,
+        "environment": data.environment,
         "attempt": 1,
         "max_attempts": 1,
         "retry": None,
@@ -362,6 +392,10 @@ def _refused_row(
         "created_at": now,
         "updated_at": now,
     }
+
+
+def _everywhere_dev(_tenant: str) -> Environment:
+    return DEFAULT_ENVIRONMENT
 
 
 def _without_webhook(request: Any) -> Any:

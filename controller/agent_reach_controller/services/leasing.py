@@ -35,6 +35,7 @@ from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.wakeups import ready_key
 from agent_reach_controller.tools.catalog import ToolSpec
+from agent_reach_controller.tools.environments import needs_approval, sandbox_refusal
 
 log = logging.getLogger(__name__)
 
@@ -291,10 +292,12 @@ class LeasingService:
     async def _drop_refused(self, claimed: list[StepRow], *, executor_id: str) -> list[StepRow]:
         """End, instead of handing out, leased steps that may not run after all.
 
-        A dangerous step needs an approval that is for this step, this tool version and these
-        exact arguments; a submitter's key must still be live and granted the tool; the rest are
-        charged against their caps, once per step. Checked after the lease commits (refusals are
-        rare); if this replica dies in between, the lease expires and the next claim checks again.
+        A step that needs an approval in its environment (`needs_approval`) needs one for this
+        step, this tool version and these exact arguments; in `sandbox` a tool that writes must
+        have a sandbox target; a submitter's key must still be live and granted the tool; the
+        rest are charged against their caps, once per step. Checked after the lease commits
+        (refusals are rare); if this replica dies in between, the lease expires and the next
+        claim checks again.
         """
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
         refused: dict[int, tuple[str, ErrorCode]] = {}
@@ -303,7 +306,9 @@ class LeasingService:
             if reason is not None:
                 refused[step.id] = (reason, ErrorCode.TOOL_UNAVAILABLE)
                 continue
-            if self._registry.get(step.tool, step.tool_version).risk == "dangerous":
+            tool = self._registry.get(step.tool, step.tool_version)
+            reason = sandbox_refusal(tool, step.environment)
+            if reason is None and needs_approval(tool, step.environment):
                 reason = approvals.mismatch(step)
             if reason is None and self._guards.grants is not None:
                 reason = await self._guards.grants.refusal(step.key_id, step.tool)

@@ -1,5 +1,5 @@
 """What people do to tasks already running: cancel them, resolve a step whose outcome is
-unknown, approve or reject a dangerous step, and report the model tokens a task used.
+unknown, approve or reject a step waiting for approval, and report the model tokens a task used.
 
 Each action is one unit of work: the task locked, the decided change applied, the task advanced,
 an audit row naming who acted, and wake-ups once committed.
@@ -64,7 +64,7 @@ class EditedArgumentsError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApprovalInput:
-    """A person's decision on a dangerous step."""
+    """A person's decision on a step waiting for approval."""
 
     task_id: str
     step_id: str

@@ -74,6 +74,7 @@ def approval_request(change: StepChange, task: TaskRow) -> dict[str, Any]:
         "args_hash": approval["args_hash"],
         "requested_by": task.principal,
         "tenant": task.tenant,
+        "environment": step.environment,
         "trace_id": task.trace_id,
         "requested_at": approval["requested_at"],
         "decide_by": decide_by.isoformat(),

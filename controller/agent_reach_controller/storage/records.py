@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from agent_reach.states import StepStatus, TaskStatus, Transition
+from agent_reach_controller.settings import DEFAULT_ENVIRONMENT, Environment
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +54,8 @@ class StepRow:
     decide_by: datetime | None = None
     lease_seq: int | None = None
     run_at: datetime | None = None  # when the step was asked to run (a scheduled step)
+    # Its task's (dev, sandbox or prod); a row a release before environments stored: dev.
+    environment: Environment = DEFAULT_ENVIRONMENT
     # Not a column: set only on a step just leased, its `updated_at` before the lease (when the
     # attempt was queued), for the schedule-to-start metric.
     queued_at: datetime | None = None
@@ -70,6 +73,7 @@ class StepRow:
         step = _filled(cls, _STEP_FIELDS, row)
         _set(step, "status", StepStatus(row["status"]))
         _set(step, "depends_on", tuple(row["depends_on"] or ()))
+        _set(step, "environment", row.get("environment") or DEFAULT_ENVIRONMENT)
         return step
 
 
@@ -96,12 +100,14 @@ class TaskRow:
     input_tokens: int = 0  # model tokens the caller reported for this task
     output_tokens: int = 0
     webhook_url: str | None = None  # where the task's end is announced
+    environment: Environment = DEFAULT_ENVIRONMENT  # where it runs (NULL in older rows: dev)
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
         """A row (every column, by name) as a TaskRow; keys that are not fields are ignored."""
         task = _filled(cls, _TASK_FIELDS, row)
         _set(task, "status", TaskStatus(row["status"]))
+        _set(task, "environment", row.get("environment") or DEFAULT_ENVIRONMENT)
         return task
 
 

@@ -120,6 +120,9 @@ tasks = sa.Table(
     sa.Column("output_tokens", sa.BigInteger(), nullable=False, server_default="0"),
     # Where the task's end is announced (a submit's `webhook.url`; 0022).
     sa.Column("webhook_url", sa.String(2048)),
+    # Where it runs, fixed at submit: dev, sandbox or prod (0025; NULL, from an older release:
+    # dev).
+    sa.Column("environment", sa.String(16)),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The retention sweep's index: finished tasks, oldest first (0020).
@@ -178,8 +181,12 @@ steps = sa.Table(
     sa.Column("tenant", sa.String(128), nullable=False, server_default="default"),
     # The API key that submitted the step: its grant is checked again when the step is leased.
     sa.Column("key_id", sa.String(12)),
-    # A dangerous step's approval: what was asked (tool version, hash of the exact arguments),
-    # until when, and the decision once made; checked again when the step is leased.
+    # Its task's environment, read where the step's approval and connector config are decided
+    # (0025; NULL, from an older release: dev).
+    sa.Column("environment", sa.String(16)),
+    # The approval of a step that needs one (dangerous; in prod a write): what was asked (tool
+    # version, hash of the exact arguments), until when, and the decision once made; checked
+    # again when the step is leased.
     sa.Column("approval", Json),
     sa.Column("decide_by", UtcDateTime()),
     sa.Column("not_before", UtcDateTime()),

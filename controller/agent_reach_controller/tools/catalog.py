@@ -211,7 +211,16 @@ Units = Annotated[float | str, BeforeValidator(_units)]
 EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
 # Fields added after tools were first stored: left out of `version` while at their default, so
 # tools that do not use them keep the version (and the pinned tasks) they had.
-_VERSIONED_WHEN_SET = ("effects", "cost", "redact", "fan_out", "verify", "map_args")
+_VERSIONED_WHEN_SET = (
+    "effects",
+    "cost",
+    "redact",
+    "fan_out",
+    "verify",
+    "map_args",
+    "exempt_from_prod_approval",
+    "sandbox",
+)
 
 
 class Timeouts(BaseModel):
@@ -370,6 +379,14 @@ class ToolSpec(BaseModel):
     # For `write` tools: how long a ready step waits before it may run, so that it can still
     # be cancelled (an undo window); None: it runs at once.
     hold: Seconds | None = None
+    # For `write` tools: run in the `prod` environment without waiting for approval (there
+    # every other write waits for a person; a `dangerous` tool always does, in every
+    # environment). See tools/environments.py.
+    exempt_from_prod_approval: bool = False
+    # Connector config overrides used when a step runs in the `sandbox` environment, merged
+    # over `config` key by key at the top level (`sandbox_config`): where the tool's effects go
+    # there, checked as `config` is. In sandbox a write or dangerous tool without it is refused.
+    sandbox: dict[str, Any] | None = None
     # Arguments the model may not invent: each must appear in the submitted context or come
     # from an earlier step's output (see planning/grounding.py).
     grounded: list[str] = Field(default_factory=list)
@@ -430,11 +447,34 @@ class ToolSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _writes_declare_their_risk(self) -> ToolSpec:
-        # A connector that can write asks for it in its config (`sql`: `write: true`).
-        if self.config.get("write") is True and self.risk == "read":
-            raise ValueError("config.write: true needs risk: write or dangerous")
+    def _exemption_is_for_writes(self) -> ToolSpec:
+        if self.exempt_from_prod_approval and self.risk != "write":
+            raise ValueError(
+                "exempt_from_prod_approval applies to tools with risk: write (a dangerous tool "
+                "always waits for approval)"
+            )
         return self
+
+    @model_validator(mode="after")
+    def _writes_declare_their_risk(self) -> ToolSpec:
+        # A connector that can write asks for it in its config (`sql`: `write: true`): in every
+        # config a step may run with, the sandbox's (`sandbox` merged over `config`) too.
+        for name, config in (("config", self.config), ("sandbox", self.sandbox_config or {})):
+            if config.get("write") is True and self.risk == "read":
+                raise ValueError(f"{name}.write: true needs risk: write or dangerous")
+        return self
+
+    @model_validator(mode="after")
+    def _sandbox_is_a_target(self) -> ToolSpec:
+        if self.sandbox == {}:
+            raise ValueError("sandbox must override at least one config key (its sandbox target)")
+        return self
+
+    @cached_property
+    def sandbox_config(self) -> dict[str, Any] | None:
+        """The connector config of a step in the `sandbox` environment: `sandbox` over `config`,
+        key by key at the top level. None when the tool has no sandbox target."""
+        return None if self.sandbox is None else {**self.config, **self.sandbox}
 
     @model_validator(mode="after")
     def _verify_is_for_writes(self) -> ToolSpec:

@@ -45,6 +45,7 @@ class Task(TypedDict):
     trace_id: str
     status: str
     source: str
+    environment: NotRequired[str]  # dev, sandbox or prod (absent from older controllers)
     steps: list[Step]
     turn: NotRequired[Turn | None]
 

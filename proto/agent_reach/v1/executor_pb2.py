@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gent_reach/v1/executor.proto\x12\x0e\x61gent_reach.v1\"<\n\x08LeaseRef\x12\x10\n\x08step_key\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05token\x18\x03 \x01(\t\"Z\n\x0fRegisterRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nconnectors\x18\x02 \x03(\t\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\x0f\n\x07version\x18\x04 \x01(\t\"\x90\x01\n\x10RegisterResponse\x12\x10\n\x08lease_ms\x18\x01 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x18\n\x10max_poll_wait_ms\x18\x03 \x01(\x05\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0c\n\x04pool\x18\x06 \x01(\t\"\x82\x01\n\x10PollStepsRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nconnectors\x18\x02 \x03(\t\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\x12\x0f\n\x07session\x18\x05 \x01(\t\x12\x10\n\x08poll_seq\x18\x06 \x01(\x03\"B\n\x11PollStepsResponse\x12-\n\x05steps\x18\x01 \x03(\x0b\x32\x1e.agent_reach.v1.StepAssignment\"\xdd\x02\n\x0eStepAssignment\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x11\n\tconnector\x18\x05 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x06 \x01(\x0c\x12\x11\n\targs_json\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x10\n\x08trace_id\x18\t \x01(\t\x12\x13\n\x0btraceparent\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\x05\x12\x1b\n\x13lease_expires_at_ms\x18\x0c \x01(\x03\x12\x14\n\x0cmax_attempts\x18\r \x01(\x05\x12\x1c\n\x14heartbeat_timeout_ms\x18\x0e \x01(\x05\x12\x12\n\nidempotent\x18\x0f \x01(\x08\"{\n\x10HeartbeatRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x17\n\x0fpolls_completed\x18\x04 \x01(\x03\"\xb1\x01\n\x11HeartbeatResponse\x12*\n\x08\x65xtended\x18\x01 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12+\n\tcancelled\x18\x02 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12&\n\x04lost\x18\x03 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x1b\n\x13lease_expires_at_ms\x18\x04 \x01(\x03\"k\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\x15\n\rmaybe_applied\x18\x05 \x01(\x08\"\xe1\x01\n\nStepResult\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.agent_reach.v1.Outcome\x12\x13\n\x0boutput_json\x18\x03 \x01(\x0c\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.agent_reach.v1.StepError\x12\x15\n\rstarted_at_ms\x18\x05 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x06 \x01(\x03\x12\x12\n\nthrottle_s\x18\x07 \x01(\x01\"i\n\x14ReportResultsRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.agent_reach.v1.StepResult\x12\x0f\n\x07session\x18\x03 \x01(\t\"V\n\tResultAck\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"@\n\x15ReportResultsResponse\x12\'\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x19.agent_reach.v1.ResultAck*M\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x32\xe2\x02\n\x0f\x45xecutorService\x12M\n\x08Register\x12\x1f.agent_reach.v1.RegisterRequest\x1a .agent_reach.v1.RegisterResponse\x12P\n\tPollSteps\x12 .agent_reach.v1.PollStepsRequest\x1a!.agent_reach.v1.PollStepsResponse\x12P\n\tHeartbeat\x12 .agent_reach.v1.HeartbeatRequest\x1a!.agent_reach.v1.HeartbeatResponse\x12\\\n\rReportResults\x12$.agent_reach.v1.ReportResultsRequest\x1a%.agent_reach.v1.ReportResultsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gent_reach/v1/executor.proto\x12\x0e\x61gent_reach.v1\"<\n\x08LeaseRef\x12\x10\n\x08step_key\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05token\x18\x03 \x01(\t\"Z\n\x0fRegisterRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nconnectors\x18\x02 \x03(\t\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\x0f\n\x07version\x18\x04 \x01(\t\"\x90\x01\n\x10RegisterResponse\x12\x10\n\x08lease_ms\x18\x01 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x18\n\x10max_poll_wait_ms\x18\x03 \x01(\x05\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0c\n\x04pool\x18\x06 \x01(\t\"\x82\x01\n\x10PollStepsRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x12\n\nconnectors\x18\x02 \x03(\t\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\x12\x0f\n\x07session\x18\x05 \x01(\t\x12\x10\n\x08poll_seq\x18\x06 \x01(\x03\"B\n\x11PollStepsResponse\x12-\n\x05steps\x18\x01 \x03(\x0b\x32\x1e.agent_reach.v1.StepAssignment\"\xf2\x02\n\x0eStepAssignment\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07step_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x11\n\tconnector\x18\x05 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x06 \x01(\x0c\x12\x11\n\targs_json\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x10\n\x08trace_id\x18\t \x01(\t\x12\x13\n\x0btraceparent\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\x05\x12\x1b\n\x13lease_expires_at_ms\x18\x0c \x01(\x03\x12\x14\n\x0cmax_attempts\x18\r \x01(\x05\x12\x1c\n\x14heartbeat_timeout_ms\x18\x0e \x01(\x05\x12\x12\n\nidempotent\x18\x0f \x01(\x08\x12\x13\n\x0b\x65nvironment\x18\x10 \x01(\t\"{\n\x10HeartbeatRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x17\n\x0fpolls_completed\x18\x04 \x01(\x03\"\xb1\x01\n\x11HeartbeatResponse\x12*\n\x08\x65xtended\x18\x01 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12+\n\tcancelled\x18\x02 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12&\n\x04lost\x18\x03 \x03(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x1b\n\x13lease_expires_at_ms\x18\x04 \x01(\x03\"k\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\x15\n\rmaybe_applied\x18\x05 \x01(\x08\"\xe1\x01\n\nStepResult\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.agent_reach.v1.Outcome\x12\x13\n\x0boutput_json\x18\x03 \x01(\x0c\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.agent_reach.v1.StepError\x12\x15\n\rstarted_at_ms\x18\x05 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x06 \x01(\x03\x12\x12\n\nthrottle_s\x18\x07 \x01(\x01\"i\n\x14ReportResultsRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.agent_reach.v1.StepResult\x12\x0f\n\x07session\x18\x03 \x01(\t\"V\n\tResultAck\x12\'\n\x05lease\x18\x01 \x01(\x0b\x32\x18.agent_reach.v1.LeaseRef\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"@\n\x15ReportResultsResponse\x12\'\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x19.agent_reach.v1.ResultAck*M\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x32\xe2\x02\n\x0f\x45xecutorService\x12M\n\x08Register\x12\x1f.agent_reach.v1.RegisterRequest\x1a .agent_reach.v1.RegisterResponse\x12P\n\tPollSteps\x12 .agent_reach.v1.PollStepsRequest\x1a!.agent_reach.v1.PollStepsResponse\x12P\n\tHeartbeat\x12 .agent_reach.v1.HeartbeatRequest\x1a!.agent_reach.v1.HeartbeatResponse\x12\\\n\rReportResults\x12$.agent_reach.v1.ReportResultsRequest\x1a%.agent_reach.v1.ReportResultsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_reach.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=1806
-  _globals['_OUTCOME']._serialized_end=1883
+  _globals['_OUTCOME']._serialized_start=1827
+  _globals['_OUTCOME']._serialized_end=1904
   _globals['_LEASEREF']._serialized_start=49
   _globals['_LEASEREF']._serialized_end=109
   _globals['_REGISTERREQUEST']._serialized_start=111
@@ -44,21 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLLSTEPSRESPONSE']._serialized_start=483
   _globals['_POLLSTEPSRESPONSE']._serialized_end=549
   _globals['_STEPASSIGNMENT']._serialized_start=552
-  _globals['_STEPASSIGNMENT']._serialized_end=901
-  _globals['_HEARTBEATREQUEST']._serialized_start=903
-  _globals['_HEARTBEATREQUEST']._serialized_end=1026
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1029
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1206
-  _globals['_STEPERROR']._serialized_start=1208
-  _globals['_STEPERROR']._serialized_end=1315
-  _globals['_STEPRESULT']._serialized_start=1318
-  _globals['_STEPRESULT']._serialized_end=1543
-  _globals['_REPORTRESULTSREQUEST']._serialized_start=1545
-  _globals['_REPORTRESULTSREQUEST']._serialized_end=1650
-  _globals['_RESULTACK']._serialized_start=1652
-  _globals['_RESULTACK']._serialized_end=1738
-  _globals['_REPORTRESULTSRESPONSE']._serialized_start=1740
-  _globals['_REPORTRESULTSRESPONSE']._serialized_end=1804
-  _globals['_EXECUTORSERVICE']._serialized_start=1886
-  _globals['_EXECUTORSERVICE']._serialized_end=2240
+  _globals['_STEPASSIGNMENT']._serialized_end=922
+  _globals['_HEARTBEATREQUEST']._serialized_start=924
+  _globals['_HEARTBEATREQUEST']._serialized_end=1047
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1050
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1227
+  _globals['_STEPERROR']._serialized_start=1229
+  _globals['_STEPERROR']._serialized_end=1336
+  _globals['_STEPRESULT']._serialized_start=1339
+  _globals['_STEPRESULT']._serialized_end=1564
+  _globals['_REPORTRESULTSREQUEST']._serialized_start=1566
+  _globals['_REPORTRESULTSREQUEST']._serialized_end=1671
+  _globals['_RESULTACK']._serialized_start=1673
+  _globals['_RESULTACK']._serialized_end=1759
+  _globals['_REPORTRESULTSRESPONSE']._serialized_start=1761
+  _globals['_REPORTRESULTSRESPONSE']._serialized_end=1825
+  _globals['_EXECUTORSERVICE']._serialized_start=1907
+  _globals['_EXECUTORSERVICE']._serialized_end=2261
 # @@protoc_insertion_point(module_scope)

@@ -77,7 +77,7 @@ class PollStepsResponse(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepAssignment, _Mapping]]] = ...) -> None: ...
 
 class StepAssignment(_message.Message):
-    __slots__ = ("lease", "task_id", "step_id", "tool", "connector", "config_json", "args_json", "idempotency_key", "trace_id", "traceparent", "timeout_ms", "lease_expires_at_ms", "max_attempts", "heartbeat_timeout_ms", "idempotent")
+    __slots__ = ("lease", "task_id", "step_id", "tool", "connector", "config_json", "args_json", "idempotency_key", "trace_id", "traceparent", "timeout_ms", "lease_expires_at_ms", "max_attempts", "heartbeat_timeout_ms", "idempotent", "environment")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class StepAssignment(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     task_id: str
     step_id: str
@@ -108,7 +109,8 @@ class StepAssignment(_message.Message):
     max_attempts: int
     heartbeat_timeout_ms: int
     idempotent: bool
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., task_id: _Optional[str] = ..., step_id: _Optional[str] = ..., tool: _Optional[str] = ..., connector: _Optional[str] = ..., config_json: _Optional[bytes] = ..., args_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., lease_expires_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., idempotent: _Optional[bool] = ...) -> None: ...
+    environment: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., task_id: _Optional[str] = ..., step_id: _Optional[str] = ..., tool: _Optional[str] = ..., connector: _Optional[str] = ..., config_json: _Optional[bytes] = ..., args_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., lease_expires_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., idempotent: _Optional[bool] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("executor_id", "leases", "session", "polls_completed")
