@@ -31,7 +31,6 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from agent_reach import telemetry
 from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus
 from agent_reach_controller.api.auth import UnauthenticatedError, authenticate
@@ -41,6 +40,7 @@ from agent_reach_controller.api.tasks import (
     TooManyInFlightError,
     accept_plan,
     approvers,
+    submit_span,
 )
 from agent_reach_controller.api.views import turn_replies
 from agent_reach_controller.identity.policy import Action, Principal
@@ -155,29 +155,21 @@ class McpGateway:
         body = {"name": params.name, "arguments": params.arguments or {}}
         key = _text(meta.get(IDEMPOTENCY_META))
         try:
-            with telemetry.span(
-                telemetry.SUBMIT,
+            to = Acceptance(
+                task_id=task_id,
                 trace_id=trace_id,
-                span_id=telemetry.task_span_id(task_id),
                 parent_span_id=parent[1] if parent else None,
-                attributes={
-                    telemetry.TASK_ID: task_id,
-                    telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
-                    "agent_reach.entry": "mcp",
-                },
+                idempotency_key=key[:255] if key else None,
+                dialect="mcp",
+            )
+            with submit_span(
+                deps,
+                who,
+                to,
+                parent_span_id=to.parent_span_id,
+                attributes={"agent_reach.entry": "mcp"},
             ):
-                submitted, _ = await accept_plan(
-                    deps,
-                    who,
-                    body,
-                    Acceptance(
-                        task_id=task_id,
-                        trace_id=trace_id,
-                        parent_span_id=parent[1] if parent else None,
-                        idempotency_key=key[:255] if key else None,
-                        dialect="mcp",
-                    ),
-                )
+                submitted, _ = await accept_plan(deps, who, body, to)
         except PlanInvalidError as exc:
             said = "; ".join(f"{p.pointer or '/'}: {p.detail}" for p in exc.problems[:5])
             return _error(f"not accepted: {said}")

@@ -10,7 +10,14 @@ from agent_reach.ids import new_task_id
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller
 from agent_reach_controller.api.problems import V1_PROBLEMS
-from agent_reach_controller.api.tasks import MAX_EVENTS, PROBLEMS, Acceptance, Deps, accept_plan
+from agent_reach_controller.api.tasks import (
+    MAX_EVENTS,
+    PROBLEMS,
+    Acceptance,
+    Deps,
+    accept_plan,
+    submit_span,
+)
 from agent_reach_controller.planning.dialects import dialect_named
 from agent_reach_controller.replay import dry_run, timeline
 
@@ -67,23 +74,15 @@ async def rerun(task_id: str, deps: Deps, who: Caller) -> JSONResponse:
     view = await deps.queries.get(task_id, tenant=who.tenant)
     new_id = new_task_id()
     original = telemetry.task_span_id(task_id)
-    with telemetry.span(
-        telemetry.SUBMIT,
+    to = Acceptance(
+        task_id=new_id,
         trace_id=view.task.trace_id,
-        span_id=telemetry.task_span_id(new_id),
         parent_span_id=original,
-        attributes={
-            telemetry.TASK_ID: new_id,
-            telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
-            "agent_reach.rerun_of": task_id,
-        },
+        dialect=dialect_named(view.task.source).name,
+    )
+    with submit_span(
+        deps, who, to, parent_span_id=original, attributes={"agent_reach.rerun_of": task_id}
     ):
-        to = Acceptance(
-            task_id=new_id,
-            trace_id=view.task.trace_id,
-            parent_span_id=original,
-            dialect=dialect_named(view.task.source).name,
-        )
         submitted, _ = await accept_plan(deps, who, view.task.request, to)
     accepted = schemas.TaskAccepted(
         task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status

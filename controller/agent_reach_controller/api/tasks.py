@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
@@ -63,7 +65,7 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 async def _validate(
-    deps: Components, who: Principal, body: Any, to: Acceptance
+    deps: Components, who: Principal, body: Any, to: Acceptance, environment: str
 ) -> tuple[Plan, int]:
     """The plan checked against the catalogue this replica holds, and that catalogue's revision
     (the submit transaction checks it is still current), for the caller's tenant's environment
@@ -76,8 +78,6 @@ async def _validate(
 
     def permits(tool: str) -> bool:
         return deps.policy.allows(who.roles, Action.SUBMIT, tool)
-
-    environment = deps.environment_of(who.tenant)
 
     def parse() -> Plan:
         return parse_plan(
@@ -158,7 +158,7 @@ async def accept_plan(
         parent_span_id=root,
         attributes={telemetry.ENVIRONMENT: environment},
     ) as span:
-        plan, revision = await _validate(deps, who, body, to)
+        plan, revision = await _validate(deps, who, body, to, environment)
         span.set_attribute("agent_reach.dialect", plan.source)
         for call in plan.refused:  # each stored as a failed step, its reply an error
             span.add_event(
@@ -198,10 +198,43 @@ async def accept_plan(
             submitted = await deps.intake.submit(submit)
         except CatalogChangedError:  # another replica changed a tool: validate again
             await deps.registry.refresh()
-            plan, _ = await _validate(deps, who, body, to)  # the same body: as many steps
+            plan, _ = await _validate(deps, who, body, to, environment)  # as many steps
             submitted = await deps.intake.submit(replace(submit, plan=plan, catalog_revision=None))
         admitted.keep = submitted.created
     return submitted, len(plan.steps)
+
+
+@contextlib.contextmanager
+def submit_span(
+    deps: Components,
+    who: Principal,
+    to: Acceptance,
+    *,
+    parent_span_id: str | None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Any]:
+    """The task's submit span, the root `accept_plan` runs in: its id is derived from the
+    task's, and it says the task and where it runs (and any `attributes` of the entry)."""
+    with telemetry.span(
+        telemetry.SUBMIT,
+        trace_id=to.trace_id,
+        span_id=telemetry.task_span_id(to.task_id),
+        parent_span_id=parent_span_id,
+        attributes={
+            telemetry.TASK_ID: to.task_id,
+            telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
+            **(attributes or {}),
+        },
+    ) as span:
+        yield span
+
+
+def mark_submitted(span: Any, submitted: Submitted, steps: int) -> None:
+    """What a submit span says once the task is stored (or found, for a repeated key)."""
+    span.set_attribute(telemetry.TASK_ID, submitted.task_id)
+    span.set_attribute("agent_reach.steps", steps)
+    if not submitted.created:
+        span.set_attribute("agent_reach.idempotent_replay", True)
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -303,35 +336,18 @@ async def submit_task(
     # traceparent; without one, the caller's header is the parent; else a new trace starts.
     http_span = telemetry.current_ids() or parent
     trace_id = http_span[0] if http_span else new_trace_id()
-    task_id = new_task_id()
-    with telemetry.span(
-        telemetry.SUBMIT,
+    to = Acceptance(
+        task_id=new_task_id(),
         trace_id=trace_id,
-        span_id=telemetry.task_span_id(task_id),
-        parent_span_id=http_span[1] if http_span else None,
-        attributes={
-            telemetry.TASK_ID: task_id,
-            telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
-        },
-    ) as current:
+        parent_span_id=parent[1] if parent else None,
+        idempotency_key=idempotency_key,
+        dialect=ask.dialect,
+        atomic=ask.atomic,
+    )
+    with submit_span(deps, who, to, parent_span_id=http_span[1] if http_span else None) as current:
         body = await _read_json(request, deps.settings.max_body_bytes)
-        submitted, steps = await accept_plan(
-            deps,
-            who,
-            body,
-            Acceptance(
-                task_id=task_id,
-                trace_id=trace_id,
-                parent_span_id=parent[1] if parent else None,
-                idempotency_key=idempotency_key,
-                dialect=ask.dialect,
-                atomic=ask.atomic,
-            ),
-        )
-        current.set_attribute(telemetry.TASK_ID, submitted.task_id)
-        current.set_attribute("agent_reach.steps", steps)
-        if not submitted.created:
-            current.set_attribute("agent_reach.idempotent_replay", True)
+        submitted, steps = await accept_plan(deps, who, body, to)
+        mark_submitted(current, submitted, steps)
     headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
     if ask.wait > 0:
         view = await deps.queries.wait(

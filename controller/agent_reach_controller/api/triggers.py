@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent_reach import telemetry
 from agent_reach.ids import new_task_id, new_trace_id
 from agent_reach.states import TaskStatus
 from agent_reach_controller.api.auth import Caller, require
@@ -19,8 +18,10 @@ from agent_reach_controller.api.tasks import (
     Acceptance,
     Deps,
     accept_plan,
+    mark_submitted,
     parse_json,
     read_body,
+    submit_span,
 )
 from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.planning import templates
@@ -237,37 +238,26 @@ async def run_trigger(
     trigger = event.trigger
     origin = {"name": trigger.name, "version": trigger.version, "event_id": event.event_id}
     plan = templates.fill(trigger.template, payload, origin)
-    trace_id, task_id = new_trace_id(), new_task_id()  # each run is its own trace
-    with telemetry.span(
-        telemetry.SUBMIT,
-        trace_id=trace_id,
-        span_id=telemetry.task_span_id(task_id),
-        attributes={
-            telemetry.TASK_ID: task_id,
-            "agent_reach.trigger": trigger.name,
-            "agent_reach.trigger_version": trigger.version,
-            "agent_reach.event_id": event.event_id,
-        },
+    to = Acceptance(
+        task_id=new_task_id(),
+        trace_id=new_trace_id(),  # each run is its own trace
+        parent_span_id=None,
+        idempotency_key=event.event_id,
+        dialect="plan",
+        atomic=True,
+        key_scope=f"trigger:{trigger.name}",
+        fingerprint=request_hash(payload),
+    )
+    origin_attributes = {
+        "agent_reach.trigger": trigger.name,
+        "agent_reach.trigger_version": trigger.version,
+        "agent_reach.event_id": event.event_id,
+    }
+    with submit_span(
+        deps, event.owner, to, parent_span_id=None, attributes=origin_attributes
     ) as current:
-        submitted, steps = await accept_plan(
-            deps,
-            event.owner,
-            plan,
-            Acceptance(
-                task_id=task_id,
-                trace_id=trace_id,
-                parent_span_id=None,
-                idempotency_key=event.event_id,
-                dialect="plan",
-                atomic=True,
-                key_scope=f"trigger:{trigger.name}",
-                fingerprint=request_hash(payload),
-            ),
-        )
-        current.set_attribute(telemetry.TASK_ID, submitted.task_id)
-        current.set_attribute("agent_reach.steps", steps)
-        if not submitted.created:
-            current.set_attribute("agent_reach.idempotent_replay", True)
+        submitted, steps = await accept_plan(deps, event.owner, plan, to)
+        mark_submitted(current, submitted, steps)
     run = TriggerRun(
         trigger=trigger.name,
         version=trigger.version,
