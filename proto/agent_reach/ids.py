@@ -22,6 +22,16 @@ def new_task_id() -> str:
     return str(uuid.UUID(int=value))
 
 
+def task_id_floor(ms: int) -> str:
+    """The smallest task id of millisecond `ms` (Unix time): ids made at `ms` or later sort at
+    or after it, ids made earlier before it, so a time range is a range of ids (a keyset bound).
+
+    Times outside what the 48-bit prefix holds are clamped to its ends.
+    """
+    ms = min(max(ms, 0), (1 << 48) - 1)
+    return str(uuid.UUID(int=ms << 80))
+
+
 def new_trace_id() -> str:
     """A W3C trace id: 32 lowercase hex characters, never all zeros."""
     while True:

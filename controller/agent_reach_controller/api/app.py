@@ -15,7 +15,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from agent_reach_controller.api import executors, media, openapi, replay, tools, triggers
+from agent_reach_controller.api import (
+    approvals,
+    executors,
+    media,
+    openapi,
+    replay,
+    tools,
+    triggers,
+)
 from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
@@ -355,6 +363,7 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(executors.tokens_router)
     app.include_router(executors.fleet_router)
     app.include_router(triggers.router)
+    app.include_router(approvals.router)
     _install_error_handlers(app)
     _install_auth_handlers(app)
     _install_state_handlers(app)

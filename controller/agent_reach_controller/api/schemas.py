@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
 from agent_reach_controller.settings import Environment
 from agent_reach_controller.tools.catalog import DURATION_SCHEMA
@@ -142,11 +152,56 @@ class TaskOut(BaseModel):
     usage: TaskUsage | None = None
 
 
+# RFC 3339's date-time (section 5.6): a date, a time and an offset, nothing left out.
+RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+# A name a tool may have (ToolSpec.name): anything else names no task's tool.
+TOOL_NAME = r"^[a-zA-Z][a-zA-Z0-9_.-]{0,127}$"
+
+
+def _rfc3339(value: Any) -> Any:
+    # Pydantic also takes Unix times, bare dates and naive times: none says one instant.
+    if isinstance(value, str) and not RFC3339.fullmatch(value):
+        raise ValueError("expected an RFC 3339 date-time, e.g. 2026-12-05T08:00:00Z")
+    return value
+
+
+Rfc3339 = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+
+
+class TaskListQuery(BaseModel):
+    """The task list's query: filters that combine, and keyset paging newest first."""
+
+    status: Literal["pending", "running", "succeeded", "failed", "cancelled"] | None = None
+    tool: str | None = Field(
+        None, pattern=TOOL_NAME, description="Tasks with at least one step of this tool"
+    )
+    principal: str | None = Field(
+        None, min_length=1, max_length=128, description="Tasks this principal submitted"
+    )
+    since: Rfc3339 | None = Field(None, description="Created at or after (to the millisecond)")
+    until: Rfc3339 | None = Field(None, description="Created before (to the millisecond)")
+    before: str | None = Field(
+        None, max_length=64, description="The last task id of the previous page (`next_before`)"
+    )
+    limit: int = Field(50, ge=1, le=500)
+
+    @field_validator("until")
+    @classmethod
+    def _after_since(cls, until: datetime | None, info: ValidationInfo) -> datetime | None:
+        since = info.data.get("since")
+        if until is not None and since is not None and until <= since:
+            raise ValueError("'until' must be later than 'since'")
+        return until
+
+
 class TaskSummary(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     task_id: str
     trace_id: str
     status: str
+    principal: str = Field(description="Who submitted it")
     goal: str | None
     created_at: datetime
     finished_at: datetime | None
@@ -155,6 +210,94 @@ class TaskSummary(BaseModel):
 class TaskPage(BaseModel):
     tasks: list[TaskSummary]
     next_before: str | None = Field(None, description="Pass as `before` for the next page")
+
+
+class NotDecidable(BaseModel):
+    """Why the caller may not decide on a step it would otherwise approve."""
+
+    code: Literal["separation_of_duties", "expired"] = Field(
+        description="separation_of_duties: the caller submitted the task; expired: `decide_by` "
+        "has passed (it is about to be rejected)"
+    )
+    detail: str
+
+
+class ApprovalOut(BaseModel):
+    """A step waiting for a decision: what exactly would run, who asked, and until when."""
+
+    task_id: str
+    step_id: str
+    tool: str
+    tool_version: str = Field(description="The version the approval is for")
+    risk: Literal["read", "write", "dangerous"]
+    environment: Environment
+    args: dict[str, Any] = Field(
+        description="Exactly the arguments the approval is for (its step's resolved arguments)"
+    )
+    input_schema: dict[str, Any] = Field(
+        description="The tool version's JSON Schema for its arguments (edited arguments sent "
+        "with an approval must fit it)"
+    )
+    asked_by: str = Field(description="Who submitted the task")
+    asked_at: datetime | None = Field(description="When the approval was asked for")
+    decide_by: datetime = Field(description="When it expires: the step is rejected then")
+    may_decide: bool = Field(description="The caller may approve or reject it now")
+    why_not: NotDecidable | None = Field(None, description="When `may_decide` is false")
+
+
+class ApprovalPage(BaseModel):
+    approvals: list[ApprovalOut]
+    next_after: str | None = Field(
+        None,
+        description="Pass as `after` for the next page (a page may be short and still have one; "
+        "null: nothing after it)",
+    )
+
+
+class BucketUseOut(BaseModel):
+    in_use: int = Field(description="Calls admitted within the current burst window")
+    frees_in: float = Field(
+        description="Seconds until the oldest of them leaves the window (0 when none is held)"
+    )
+
+
+class RateUseOut(BaseModel):
+    per_second: float
+    burst: int
+    key: str | None = Field(description="The key expression of a keyed limit (one bucket each)")
+    use: BucketUseOut = Field(description="The bucket's use; for a keyed limit, the busiest key's")
+    keys: int | None = Field(
+        None, description="A keyed limit: how many key buckets hold state now (a bounded count)"
+    )
+    more_keys: bool = Field(False, description="There may be more key buckets than counted")
+
+
+class PerKeyConcurrencyOut(BaseModel):
+    limit: int
+    key: str
+
+
+class ConcurrencyOut(BaseModel):
+    limit: int | None = Field(description="The most steps of the tool running at once")
+    per_key: PerKeyConcurrencyOut | None
+    running: int = Field(description="Steps of the tool running now, every caller's")
+
+
+class BreakerOut(BaseModel):
+    state: Literal["closed", "open", "half_open"]
+    calls: int = Field(description="Calls in the current window")
+    failures: int = Field(description="Failures among them")
+    opened_at: datetime | None
+
+
+class ToolUsageOut(BaseModel):
+    """A tool's limits and what it uses of them now (shared by every replica and caller)."""
+
+    name: str
+    version: str
+    rate_limit: RateUseOut | None = Field(description="null: the tool has no rate limit")
+    concurrency: ConcurrencyOut
+    breaker: BreakerOut | None = Field(description="null: the tool has no circuit breaker")
 
 
 class EventOut(BaseModel):

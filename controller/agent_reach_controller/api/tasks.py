@@ -37,6 +37,7 @@ from agent_reach_controller.services.operator import (
     ResolveInput,
 )
 from agent_reach_controller.storage.catalog import CatalogChangedError
+from agent_reach_controller.storage.listings import TaskFilter
 
 # Every route here that reads a body reads JSON: any other media type is a 415, by the app's
 # own dependency (api/media.py, declared once in api/app.py for every route).
@@ -396,19 +397,28 @@ async def get_turn_replies(
     return turn
 
 
-@router.get("", response_model=schemas.TaskPage, responses=PROBLEMS)
+@router.get(
+    "",
+    response_model=schemas.TaskPage,
+    responses=PROBLEMS,
+    summary="Your tenant's tasks, newest first, by status, tool, principal and time",
+)
 async def list_tasks(
-    deps: Deps,
-    who: Caller,
-    status: Annotated[
-        str | None,
-        Query(pattern="^(pending|running|succeeded|failed|cancelled)$"),
-    ] = None,
-    before: Annotated[str | None, Query(max_length=64)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    deps: Deps, who: Caller, ask: Annotated[schemas.TaskListQuery, Query()]
 ) -> schemas.TaskPage:
-    rows = await deps.queries.list_tasks(
-        tenant=who.tenant, status=status, before=before, limit=limit
+    """Every filter combines with the others and with keyset paging (`before`, newest first)."""
+    limit = ask.limit
+    rows = await deps.queries.find_tasks(
+        TaskFilter(
+            tenant=who.tenant,
+            status=ask.status,
+            principal=ask.principal,
+            tool=ask.tool,
+            since=ask.since,
+            until=ask.until,
+            before=ask.before,
+            limit=limit,
+        )
     )
     return schemas.TaskPage(
         tasks=[schemas.TaskSummary.model_validate(t) for t in rows],

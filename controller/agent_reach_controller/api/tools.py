@@ -16,11 +16,13 @@ from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, ForbiddenError, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.tasks import BadJsonError, Deps, read_body
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.limiter import RateUse
 from agent_reach_controller.services.registry import (
     CatalogDiff,
     CatalogRejectedError,
@@ -29,6 +31,7 @@ from agent_reach_controller.services.registry import (
     ToolHead,
     ToolNotFoundError,
 )
+from agent_reach_controller.services.usage import UsageReader
 from agent_reach_controller.tools import shapes
 from agent_reach_controller.tools.catalog import ToolSpec
 
@@ -255,6 +258,48 @@ async def create_tool(spec: ToolSpec, deps: Deps, who: Caller) -> Response:
 async def get_tool(name: str, deps: Deps, who: Caller) -> Response:
     head = await _visible_head(deps, who, name)
     return JSONResponse(_out(head), headers=_etag(head))
+
+
+@router.get(
+    "/{name}/usage",
+    response_model=schemas.ToolUsageOut,
+    responses=problem_responses(404),
+    summary="A tool's rate limit, concurrency and breaker, and what it uses of them now",
+)
+async def tool_usage(name: str, deps: Deps, who: Caller) -> schemas.ToolUsageOut:
+    """Shared by every caller and replica: the buckets, running steps and breaker are global."""
+    spec = (await _visible_head(deps, who, name)).spec
+    reader = UsageReader(db=deps.db, limiter=deps.limiter, tool_health=deps.tool_health)
+    usage = await reader.read(spec)
+    return schemas.ToolUsageOut(
+        name=spec.name,
+        version=spec.version,
+        rate_limit=_rate_out(spec, usage.rate),
+        concurrency=schemas.ConcurrencyOut(
+            limit=spec.concurrency,
+            per_key=None
+            if spec.concurrency_per_key is None
+            else schemas.PerKeyConcurrencyOut(
+                limit=spec.concurrency_per_key.limit, key=spec.concurrency_per_key.key
+            ),
+            running=usage.running,
+        ),
+        breaker=None if usage.breaker is None else schemas.BreakerOut(**usage.breaker),
+    )
+
+
+def _rate_out(spec: ToolSpec, use: RateUse | None) -> schemas.RateUseOut | None:
+    limit = spec.rate_limit
+    if limit is None or use is None:
+        return None
+    return schemas.RateUseOut(
+        per_second=limit.per_second,
+        burst=limit.burst,
+        key=limit.key,
+        use=schemas.BucketUseOut(in_use=use.busiest.calls, frees_in=use.busiest.frees_in),
+        keys=use.keys,
+        more_keys=use.more_keys,
+    )
 
 
 @router.put(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,8 @@ from agent_reach_controller.tools.catalog import RateLimit, ToolSpec
 
 # A call this close to its slot is on time: sums of float intervals drift by a few ulps.
 SLACK = 1e-6
+# What `in_use` forgives, in intervals (see there).
+USE_SLACK = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,32 @@ def admit(tat: float | None, now: float, rate: Rate, *, floor: float = 0.0) -> t
     if now + SLACK < allowed_at:
         return current, allowed_at - now
     return max(current, now) + rate.interval, 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BucketUse:
+    """What a bucket holds now: calls admitted within the current burst window, and seconds
+    until the oldest of them leaves it (one more slot is free then; 0.0 when none is held)."""
+
+    calls: int
+    frees_in: float
+
+
+def in_use(tat: float | None, now: float, rate: Rate) -> BucketUse:
+    """A bucket's use at `now`, from its TAT (None: never used), without admitting anything.
+
+    Each admitted call pushed the TAT one interval further, and the TAT drains in real time, so
+    the calls still in the window are the intervals between now and the TAT, rounded up.
+    """
+    ahead = (tat if tat is not None else 0.0) - now
+    if ahead <= SLACK:
+        return BucketUse(calls=0, frees_in=0.0)
+    # A call within a thousandth of an interval of leaving has left: TATs near 1.7e9 s carry a
+    # float error of some ulps per admitted call, which an exact ceiling would count as a call.
+    calls = min(math.ceil((ahead - SLACK) / rate.interval - USE_SLACK), rate.burst)
+    if calls <= 0:
+        return BucketUse(calls=0, frees_in=0.0)
+    return BucketUse(calls=calls, frees_in=max(ahead - (calls - 1) * rate.interval, 0.0))
 
 
 def bucket_key(tool: str, key_value: str | None) -> str:

@@ -14,18 +14,47 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from agent_reach_controller.decide.ratelimits import Rate, admit, floor_tat
+from agent_reach_controller.decide.ratelimits import (
+    BucketUse,
+    Rate,
+    admit,
+    bucket_key,
+    floor_tat,
+    in_use,
+)
 from agent_reach_controller.storage import flow
 from agent_reach_controller.storage.engine import Connection
 
 log = logging.getLogger(__name__)
 
 Ask = tuple[str, Rate]
+# A keyed limit's peek counts at most this many key buckets holding state; in Redis it examines
+# at most SCAN_ROUNDS x SCAN_COUNT keys (SCAN's COUNT is a hint, so about that many).
+KEYS_COUNTED = 10_000
+SCAN_ROUNDS = 20
+SCAN_COUNT = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateUse:
+    """A tool's rate-limit use now: its bucket's, or for a keyed limit the busiest key's (among
+    those counted) and how many key buckets hold state."""
+
+    busiest: BucketUse
+    keys: int | None = None  # None: the limit is not keyed
+    more_keys: bool = False  # more key buckets than KEYS_COUNTED, or than one bounded scan saw
+
+
+def _keyed(held: Sequence[float], *, now: float, rate: Rate, more: bool) -> RateUse:
+    """The use of a keyed limit whose key buckets holding state have these TATs."""
+    latest = max(held, default=None)
+    return RateUse(busiest=in_use(latest, now, rate), keys=len(held), more_keys=more)
 
 
 class MemoryLimiter:
@@ -45,6 +74,22 @@ class MemoryLimiter:
             self._tats[bucket] = tat
             waits.append(wait)
         return waits
+
+    async def peek(
+        self, conn: Connection, tool: str, rate: Rate, *, keyed: bool, now: float
+    ) -> RateUse:
+        """A tool's use now (see RateUse); nothing changes."""
+        floor = floor_tat(rate, self._since)
+        if not keyed:
+            return RateUse(busiest=in_use(max(self._tats.get(tool, 0.0), floor), now, rate))
+        prefix = bucket_key(tool, "")
+        held: list[float] = []
+        for name, tat in self._tats.items():
+            if name.startswith(prefix) and max(tat, floor) > now:
+                if len(held) == KEYS_COUNTED:
+                    return _keyed(held, now=now, rate=rate, more=True)
+                held.append(max(tat, floor))
+        return _keyed(held, now=now, rate=rate, more=False)
 
     async def close(self) -> None:
         return None
@@ -70,6 +115,21 @@ class SqlLimiter:
             waits.append(wait)
         await flow.save_buckets(conn, {b: t for b, t in tats.items() if t != before[b]})
         return waits
+
+    async def peek(
+        self, conn: Connection, tool: str, rate: Rate, *, keyed: bool, now: float
+    ) -> RateUse:
+        """A tool's use now (see RateUse), read without locking a bucket row or writing one."""
+        floor = floor_tat(rate, self.since)
+        if not keyed:
+            tat = await flow.peek_bucket(conn, tool)
+            return RateUse(busiest=in_use(max(tat or 0.0, floor), now, rate))
+        count, latest = await flow.peek_key_buckets(conn, tool, after=now, up_to=KEYS_COUNTED + 1)
+        return RateUse(
+            busiest=in_use(None if latest is None else max(latest, floor), now, rate),
+            keys=min(count, KEYS_COUNTED),
+            more_keys=count > KEYS_COUNTED,
+        )
 
     async def close(self) -> None:
         return None
@@ -179,8 +239,62 @@ class RedisLimiter:
             log.warning("rate limits: Redis is back", extra={"event": "rate_limit_recovered"})
         return [float(w) for w in waits]
 
+    async def peek(
+        self, conn: Connection, tool: str, rate: Rate, *, keyed: bool, now: float
+    ) -> RateUse:
+        """A tool's use now (see RateUse), by Redis's clock; from Postgres while Redis is down.
+
+        Nothing changes: no bucket, and no switch between the stores (only `acquire` decides
+        that Redis is down, as only it pays for a wrong guess).
+        """
+        if not (self._falling_back and self.degraded):
+            try:
+                return await self._peek_redis(tool, rate, keyed=keyed)
+            except (RedisError, OSError, TimeoutError):
+                pass
+        return await self._fallback.peek(conn, tool, rate, keyed=keyed, now=now)
+
+    async def _peek_redis(self, tool: str, rate: Rate, *, keyed: bool) -> RateUse:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.get(f"{self._prefix}epoch")
+            if not keyed:
+                pipe.get(f"{self._prefix}b:{tool}")
+            answers = await pipe.execute()
+        seconds, micros = answers[0]
+        now = seconds + micros / 1_000_000
+        epoch = answers[1]
+        # As the script would: a missing epoch, or a return from Postgres, starts buckets full.
+        since = now if epoch is None or self._falling_back else max(float(epoch), self._since)
+        floor = floor_tat(rate, since)
+        if not keyed:
+            tat = 0.0 if answers[2] is None else float(answers[2])
+            return RateUse(busiest=in_use(max(tat, floor), now, rate))
+        names, more = await self._scan(f"{self._prefix}b:{_glob_escape(bucket_key(tool, ''))}*")
+        values = await self._redis.mget(names) if names else []
+        tats = [max(float(v), floor) for v in values if v is not None]
+        return _keyed([t for t in tats if t > now], now=now, rate=rate, more=more)
+
+    async def _scan(self, pattern: str) -> tuple[list[bytes], bool]:
+        """Keys matching `pattern`, up to KEYS_COUNTED, from at most SCAN_ROUNDS rounds of SCAN
+        (SCAN walks the whole database, so this bounds the keys examined, not just returned);
+        and whether there may be more."""
+        names: list[bytes] = []
+        cursor = 0
+        for _ in range(SCAN_ROUNDS):
+            cursor, batch = await self._redis.scan(cursor=cursor, match=pattern, count=SCAN_COUNT)
+            names += batch
+            if cursor == 0 or len(names) > KEYS_COUNTED:
+                break
+        return names[:KEYS_COUNTED], cursor != 0 or len(names) > KEYS_COUNTED
+
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally in a Redis MATCH pattern."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
 
 
 RateLimiter = MemoryLimiter | SqlLimiter | RedisLimiter

@@ -6,14 +6,23 @@ Nothing here changes a task (operator actions and usage reports are in `operator
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.services.caps import task_usage
+from agent_reach_controller.storage import listings
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.storage.listings import Awaiting, TaskFilter
 from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.storage.wakeups import Notifier, task_key
+
+# The approvals inbox reads waiting steps in batches of this many, and at most this many for one
+# page (steps of tools the caller may not approve are passed over).
+APPROVAL_BATCH = 200
+APPROVAL_SCAN = 2000
 
 
 class TaskNotFoundError(LookupError):
@@ -77,10 +86,46 @@ class TaskQueries:
         before: str | None = None,
         limit: int = 50,
     ) -> list[TaskRow]:
+        return await self.find_tasks(
+            TaskFilter(tenant=tenant, status=status, before=before, limit=limit)
+        )
+
+    async def find_tasks(self, where: TaskFilter) -> list[TaskRow]:
+        """A page of a tenant's tasks, newest first, by any of TaskFilter's filters."""
         async with self._db.transaction() as conn:
-            return await store.list_tasks(
-                conn, tenant=tenant, status=status, before=before, limit=limit
-            )
+            return await listings.list_tasks(conn, where)
+
+    async def approvals(
+        self,
+        *,
+        tenant: str,
+        may_approve: Callable[[str], bool],
+        after: tuple[datetime, int] | None,
+        limit: int,
+    ) -> tuple[list[Awaiting], tuple[datetime, int] | None]:
+        """Up to `limit` of a tenant's steps waiting for a decision on a tool `may_approve`
+        allows, soonest deadline first, and where the next page starts (None: nothing after).
+
+        Steps of other tools are passed over, reading at most APPROVAL_SCAN of them: a page
+        may then be short, and the next one starts after the last step read.
+        """
+        found: list[Awaiting] = []
+        read = 0
+        async with self._db.transaction() as conn:
+            while read < APPROVAL_SCAN:
+                batch = await listings.awaiting_approval(
+                    conn, tenant=tenant, after=after, limit=APPROVAL_BATCH
+                )
+                for waiting in batch:
+                    read += 1
+                    after = (waiting.decide_by, waiting.step.id)
+                    if may_approve(waiting.step.tool):
+                        found.append(waiting)
+                        if len(found) == limit:
+                            return found, after
+                if len(batch) < APPROVAL_BATCH:
+                    return found, None
+        return found, after
 
     async def step(self, task_id: str, step_id: str, *, tenant: str) -> StepRow:
         """One step of a tenant's task; TaskNotFoundError or StepNotFoundError otherwise."""

@@ -127,6 +127,32 @@ async def save_buckets(conn: Connection, tats: Mapping[str, float]) -> None:
     )
 
 
+async def peek_bucket(conn: Connection, name: str) -> float | None:
+    """The TAT of a rate bucket (None: no row), read without a lock and changing nothing."""
+    found = await conn.execute(sa.select(rate_buckets.c.tat).where(rate_buckets.c.bucket == name))
+    tat = found.scalar_one_or_none()
+    return None if tat is None else float(tat)
+
+
+async def peek_key_buckets(
+    conn: Connection, tool: str, *, after: float, up_to: int
+) -> tuple[int, float | None]:
+    """A keyed tool's buckets (`tool#…`) whose TAT is later than `after`: how many (counting
+    stops at `up_to`) and the latest TAT among them; read without locks, changing nothing."""
+    escaped = tool.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    held = (
+        sa.select(rate_buckets.c.tat)
+        .where(
+            rate_buckets.c.bucket.like(f"{escaped}#%", escape="\\"),
+            rate_buckets.c.tat > after,
+        )
+        .limit(up_to)
+        .subquery()
+    )
+    row = (await conn.execute(sa.select(sa.func.count(), sa.func.max(held.c.tat)))).one()
+    return int(row[0]), None if row[1] is None else float(row[1])
+
+
 async def revision_and_pauses(
     conn: Connection, *, now: datetime
 ) -> tuple[int, dict[str, datetime]]:

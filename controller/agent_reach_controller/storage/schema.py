@@ -125,6 +125,9 @@ tasks = sa.Table(
     sa.Column("environment", sa.String(16)),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
+    # The task list's filters, each a keyset walk newest first (0026).
+    sa.Index("ix_tasks_tenant_status_task_id", "tenant", "status", "task_id"),
+    sa.Index("ix_tasks_tenant_principal_task_id", "tenant", "principal", "task_id"),
     # The retention sweep's index: finished tasks, oldest first (0020).
     sa.Index(
         "ix_tasks_finished_at",
@@ -247,6 +250,8 @@ steps = sa.Table(
         postgresql_where=sa.text("status = 'ready' AND start_by IS NOT NULL"),
         sqlite_where=sa.text("status = 'ready' AND start_by IS NOT NULL"),
     ),
+    # The task list's tool filter: a tenant's tasks that call a tool, newest first (0026).
+    sa.Index("ix_steps_tenant_tool_task_id", "tenant", "tool", "task_id"),
     # The lease reaper's index: only running rows, by expiry.
     sa.Index(
         "ix_steps_running_lease",
@@ -504,4 +509,22 @@ trigger_versions = sa.Table(
     sa.Column("sha256", sa.String(64), nullable=False),
     sa.Column("created_by", sa.String(128), nullable=False),
     _now_column("created_at"),
+)
+
+# Console sign-ins (`identity/sessions.py`): the browser holds `ars_<secret>` in an HttpOnly
+# cookie, the table only its SHA-256. A session made from an API key lives while the key does;
+# one made behind the authenticating proxy carries the principal the proxy's header mapped to.
+console_sessions = sa.Table(
+    "console_sessions",
+    metadata,
+    sa.Column("secret_hash", sa.String(64), primary_key=True),
+    sa.Column("principal", sa.String(128), nullable=False),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("roles", Json, nullable=False),
+    # The API key it was exchanged for; NULL for a proxy sign-in.
+    sa.Column("key_id", sa.String(12)),
+    _now_column("created_at"),
+    _now_column("expires_at"),
+    sa.Index("ix_console_sessions_expires_at", "expires_at"),
+    sa.Index("ix_console_sessions_key_id", "key_id"),
 )

@@ -1,7 +1,8 @@
 """SQL of steps, tasks and events. Every status write is a guarded compare-and-set.
 
 Leasing lives beside it in `claims.py`, where an advance's transitions go in
-`advance_writes.py`, and the flow-control rows (breakers, rate buckets, pauses) in `flow.py`.
+`advance_writes.py`, the flow-control rows (breakers, rate buckets, pauses) in `flow.py`, and
+the read-only lists (tasks by filter, the approvals inbox) in `listings.py`.
 """
 
 from __future__ import annotations
@@ -520,23 +521,6 @@ async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str
         return {r["task_id"]: TaskRow.from_mapping(r) for r in found}
     rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
     return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
-
-
-async def list_tasks(
-    conn: AsyncConnection, *, tenant: str, status: str | None, before: str | None, limit: int
-) -> list[TaskRow]:
-    """A tenant's tasks, newest first; `before` is the last task id of the previous page."""
-    stmt = (
-        sa.select(tasks)
-        .where(tasks.c.tenant == tenant)
-        .order_by(tasks.c.task_id.desc())
-        .limit(limit)
-    )
-    if status is not None:
-        stmt = stmt.where(tasks.c.status == status)
-    if before is not None:
-        stmt = stmt.where(tasks.c.task_id < before)
-    return [TaskRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
 
 
 async def unfinished_tasks(
