@@ -17,7 +17,7 @@ help:
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
 	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
-	@echo "make tools   install promtool (Debian package prometheus) if missing"
+	@echo "make tools   install promtool and Chromium (Debian packages) if missing"
 
 setup: $(STAMP)
 
@@ -32,14 +32,20 @@ $(STAMP): pyproject.toml controller/client/pyproject.toml requirements/dev.txt
 	touch $@
 
 # promtool (Debian's `prometheus` package) checks deploy/prometheus/ and a real /metrics scrape in
-# the tests; installed only when missing. The package's own server is not needed nor started.
+# the tests; Chromium (Debian's `chromium`) runs the console's browser tests, driven by Playwright
+# (whose own browser download is never used). Each is installed only when missing.
 tools:
-	@command -v promtool >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	test -x /usr/bin/chromium || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$sudo apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
-			prometheus >/dev/null; }
+			$$missing >/dev/null; \
+	fi
 	@promtool --version | head -n1
+	@/usr/bin/chromium --version
 
 # Re-pin after changing dependency ranges in pyproject.toml.
 requirements: $(VENV)

@@ -328,6 +328,7 @@ def print_quick_start(
     print(
         f"\nAgent-Reach is up: REST {base_url} (OpenAPI at {base_url}/docs)\n"
         f"A dev API key (tenant default, role admin), shown once:\n\n  {api_key}\n\n"
+        f"The web console, where you sign in with that key: {base_url}/console\n\n"
         "Submit a plan and wait up to 10 s for its receipts:\n\n"
         f"  export AGENT_REACH_API_KEY={api_key}\n"
         f"  curl -s -X POST '{base_url}/v1/tasks?wait=10' -H 'Content-Type: application/json' \\\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from agent_reach_controller.identity.policy import Policy
 from agent_reach_controller.identity.policy import load as load_policy
 from agent_reach_controller.identity.pools import PoolTokenService, WatchedTokenFile
 from agent_reach_controller.identity.service import Grants, KeyService
+from agent_reach_controller.identity.sign_ins import ProxyTrust, SignInService, load_proxy_users
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import sweeps
 from agent_reach_controller.services.admission import AdmissionService
@@ -83,6 +85,7 @@ class Components:
     policy: Policy
     feed: EventFeed  # live followers of task event logs (SSE)
     triggers: TriggerService  # signed events that start stored plan templates
+    sign_ins: SignInService  # the web console's sessions
     webhook: WebhookSender | None = None
     hand_off: HandOff | None = None  # new steps straight to waiting pollers (Postgres)
     # Told to stop: /readyz answers 503 so that load balancers stop sending, while requests
@@ -105,6 +108,25 @@ class Components:
         await self.limiter.close()
         await self.notifier.close()
         await self.db.close()
+
+
+def _sign_ins(settings: ControllerSettings, db: Database, keys: KeyService) -> SignInService:
+    proxy = None
+    if settings.console_proxy_header and settings.console_proxy_users is not None:
+        proxy = ProxyTrust(
+            header=settings.console_proxy_header,
+            networks=tuple(
+                ipaddress.ip_network(n, strict=False) for n in settings.console_proxy_trusted
+            ),
+            users=load_proxy_users(settings.console_proxy_users),
+        )
+    return SignInService(
+        db,
+        keys,
+        lifetime=timedelta(seconds=settings.console_session_seconds),
+        bootstrap_enabled=settings.bootstrap_key is not None,
+        proxy=proxy,
+    )
 
 
 def _notifier(settings: ControllerSettings, db: Database) -> Notifier:
@@ -232,6 +254,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         policy=policy,
         feed=EventFeed(db=db, notifier=notifier),
         triggers=TriggerService(db, keys),
+        sign_ins=_sign_ins(settings, db, keys),
         webhook=webhook,
         hand_off=hand_off,
     )

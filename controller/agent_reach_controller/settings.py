@@ -156,6 +156,34 @@ class ControllerSettings(BaseSettings):
     separation_of_duties: bool = Field(
         True, description="Whoever submitted a task may not approve its steps"
     )
+    console: bool = Field(True, description="Serve the web console at /console")
+    console_session_seconds: int = Field(
+        3600, ge=60, le=86400, description="How long a console sign-in lasts"
+    )
+    console_secure_cookie: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="The session cookie's Secure flag: 'auto' sets it on requests that came over "
+        "HTTPS; 'always' where TLS ends at an ingress in front of the controller",
+    )
+    console_proxy_header: str | None = Field(
+        None,
+        description="Sign people in by this header of a trusted authenticating proxy "
+        "(e.g. X-Forwarded-User); off when unset",
+    )
+    console_proxy_trusted: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1/32", "::1/128"],
+        description="Addresses (CIDR) the proxy calls from; the header from any other is ignored "
+        "(comma-separated in env)",
+    )
+    console_proxy_users: Path | None = Field(
+        None,
+        description="YAML `users: {name: {tenant, roles}}`: whom the proxy may sign in",
+    )
+    jaeger_url: str | None = Field(
+        None,
+        description="Link from a task to its trace, with {trace_id} in it "
+        "(e.g. https://jaeger.example/trace/{trace_id})",
+    )
     max_tasks_in_flight_per_principal: int | None = Field(
         None, ge=1, description="Refuse submits (429) from a caller with this many unfinished tasks"
     )
@@ -192,11 +220,15 @@ class ControllerSettings(BaseSettings):
             raise ValueError("tls_cert and tls_key go together")
         if self.grpc_client_ca is not None and self.tls_cert is None:
             raise ValueError("grpc_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.console_proxy_header and self.console_proxy_users is None:
+            raise ValueError("console_proxy_header needs console_proxy_users: who it may sign in")
+        if self.jaeger_url is not None and "{trace_id}" not in self.jaeger_url:
+            raise ValueError("jaeger_url needs {trace_id} where the trace id goes")
         if self.task_webhook_hosts and self.task_webhook_secret is None:
             raise ValueError("task_webhook_hosts needs task_webhook_secret: deliveries are signed")
         return self
 
-    @field_validator("task_webhook_hosts", mode="before")
+    @field_validator("task_webhook_hosts", "console_proxy_trusted", mode="before")
     @classmethod
     def _split_hosts(cls, value: Any) -> Any:
         if isinstance(value, str):

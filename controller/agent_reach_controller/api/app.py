@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from agent_reach_controller.api import (
     approvals,
+    console,
     executors,
     media,
     openapi,
@@ -24,7 +25,7 @@ from agent_reach_controller.api import (
     tools,
     triggers,
 )
-from agent_reach_controller.api.auth import ForbiddenError, UnauthenticatedError
+from agent_reach_controller.api.auth import CsrfError, ForbiddenError, UnauthenticatedError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.keys import router as keys_router
 from agent_reach_controller.api.problems import (
@@ -162,6 +163,10 @@ def _install_auth_handlers(app: FastAPI) -> None:
             detail=exc.detail,
             headers={"WWW-Authenticate": "Bearer"},
         )
+
+    @app.exception_handler(CsrfError)
+    async def csrf_failed(_: Request, exc: CsrfError) -> Response:
+        return problem_response(403, code="csrf_failed", title="Not allowed", detail=exc.detail)
 
     @app.exception_handler(ForbiddenError)
     async def forbidden(_: Request, exc: ForbiddenError) -> Response:
@@ -364,6 +369,9 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(executors.fleet_router)
     app.include_router(triggers.router)
     app.include_router(approvals.router)
+    settings = getattr(components_, "settings", None)  # None: only the OpenAPI is wanted
+    if settings is None or settings.console:
+        console.install(app)
     _install_error_handlers(app)
     _install_auth_handlers(app)
     _install_state_handlers(app)
@@ -372,7 +380,6 @@ def create_app(components_: Components) -> FastAPI:
     openapi.install(app)
     # MCP Streamable HTTP (api/mcp.py): served while `app.state.mcp.running()` is entered.
     app.state.mcp = None
-    settings = getattr(components_, "settings", None)  # None: only the OpenAPI is wanted
     if settings is None or settings.mcp:
         # Imported here: the MCP SDK is not loaded by a controller that does not serve it.
         from agent_reach_controller.api.mcp import McpGateway

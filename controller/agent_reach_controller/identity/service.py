@@ -100,6 +100,8 @@ class KeyService:
         async with self._db.transaction() as conn:
             revoked = await storage.revoke_api_key(conn, key_id, now=now)
             if revoked:
+                # Its console sign-ins end with it (they are also checked against the key).
+                await storage.delete_console_sessions_of_key(conn, key_id)
                 await audit.record(
                     conn,
                     actor=by,

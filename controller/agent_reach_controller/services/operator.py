@@ -145,6 +145,7 @@ class OperatorService:
                     target=f"task:{task_id}",
                     data={"status": task.status.value},
                 )
+            reason = str(error.get("message", ""))
             if task.status not in TERMINAL_TASK_STATES:
                 await tx.request_cancel(task)
                 await tx.change(
@@ -159,6 +160,8 @@ class OperatorService:
                                 now=tx.now,
                                 error=error,
                             ),
+                            # Who cancelled, in the event log and so in the task's trace.
+                            event_data=None if by is None else {"by": by[0], "reason": reason},
                         )
                         for step in await tx.steps_of(task_id)
                         if step.status not in TERMINAL_STEP_STATES

@@ -1,5 +1,6 @@
-"""SQL of credentials: API keys (`identity/service.py`) and executor pool tokens
-(`identity/pools.py`). Secrets are stored only as hashes; the layers above check them.
+"""SQL of credentials: API keys (`identity/service.py`), executor pool tokens
+(`identity/pools.py`) and console sign-ins (`identity/sign_ins.py`). Secrets are stored only as
+hashes; the layers above check them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from agent_reach_controller.storage.engine import Connection
-from agent_reach_controller.storage.schema import api_keys, executor_tokens
+from agent_reach_controller.storage.schema import api_keys, console_sessions, executor_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +53,24 @@ class PoolTokenRow:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 
-def _values(row: ApiKeyRow | PoolTokenRow) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsoleSessionRow:
+    """One row of `console_sessions`."""
+
+    secret_hash: str
+    principal: str
+    tenant: str
+    roles: list[str]
+    key_id: str | None
+    created_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> ConsoleSessionRow:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+def _values(row: ApiKeyRow | PoolTokenRow | ConsoleSessionRow) -> dict[str, Any]:
     return {f.name: getattr(row, f.name) for f in fields(row)}
 
 
@@ -135,3 +153,49 @@ async def revoke_pool_token(conn: Connection, token_id: str, *, now: datetime) -
         .values(revoked_at=now)
     )
     return bool(done.rowcount)
+
+
+# --- console sign-ins -----------------------------------------------------------------------
+
+
+async def insert_console_session(conn: Connection, row: ConsoleSessionRow) -> None:
+    """Insert a new console session."""
+    await conn.execute(console_sessions.insert().values(**_values(row)))
+
+
+async def load_console_session(conn: Connection, secret_hash: str) -> ConsoleSessionRow | None:
+    """A console session by the hash of its secret, expired or not."""
+    query = sa.select(console_sessions).where(console_sessions.c.secret_hash == secret_hash)
+    row = (await conn.execute(query)).mappings().first()
+    return ConsoleSessionRow.from_mapping(row) if row else None
+
+
+async def delete_console_session(conn: Connection, secret_hash: str) -> None:
+    """End one console session (signing out)."""
+    await conn.execute(
+        sa.delete(console_sessions).where(console_sessions.c.secret_hash == secret_hash)
+    )
+
+
+async def delete_console_sessions_of_key(conn: Connection, key_id: str) -> int:
+    """End every console session made from an API key (the key was revoked)."""
+    done = await conn.execute(
+        sa.delete(console_sessions).where(console_sessions.c.key_id == key_id)
+    )
+    return int(done.rowcount or 0)
+
+
+async def delete_expired_console_sessions(conn: Connection, *, now: datetime, limit: int) -> int:
+    """Forget up to `limit` sessions that expired (oldest first)."""
+    expired = (
+        sa.select(console_sessions.c.secret_hash)
+        .where(console_sessions.c.expires_at <= now)
+        .order_by(console_sessions.c.expires_at)
+        .limit(limit)
+    )
+    done = await conn.execute(
+        sa.delete(console_sessions).where(
+            console_sessions.c.secret_hash.in_(expired.scalar_subquery())
+        )
+    )
+    return int(done.rowcount or 0)

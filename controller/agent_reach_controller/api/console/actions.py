@@ -1,0 +1,177 @@
+"""What the console's forms do: sign in and out, and the actions, each one /v1 call.
+
+Every action form carries the session's CSRF token; it is checked here, and again by the /v1
+route the action calls (which sees it as the X-CSRF-Token header). A refused action shows the
+API's problem with the API's status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+from starlette.datastructures import FormData
+
+from agent_reach_controller.api.auth import principal_of_key
+from agent_reach_controller.api.console.render import (
+    SECURITY_HEADERS,
+    SignedIn,
+    Visit,
+    clear_session_cookie,
+    components,
+    local_next,
+    page,
+    set_session_cookie,
+)
+from agent_reach_controller.api.console.v1 import Answer, segment
+from agent_reach_controller.identity.sign_ins import COOKIE, csrf_matches
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+_MAX_FIELDS = 8
+_MAX_FIELD_BYTES = 256 * 1024
+
+
+async def _form(request: Request) -> FormData:
+    return await request.form(max_files=0, max_fields=_MAX_FIELDS, max_part_size=_MAX_FIELD_BYTES)
+
+
+def _text(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
+
+
+async def _checked_form(found: Visit) -> FormData | None:
+    """The action's form when it carries this session's CSRF token; None otherwise."""
+    form = await _form(found.request)
+    return form if csrf_matches(found.sign_in.secret, _text(form, "csrf")) else None
+
+
+def _csrf_refused(found: Visit) -> Response:
+    refused = Answer(
+        status=403,
+        body={
+            "title": "Not allowed",
+            "code": "csrf_failed",
+            "detail": "the form is stale or came from elsewhere: reload the page and try again",
+        },
+    )
+    return found.problem(refused, what="this action")
+
+
+@router.get("/login")
+async def login_form(request: Request) -> Response:
+    return page("login.html", next=local_next(request.query_params.get("next")), error=None)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """An API key for a session cookie; the key itself is never stored by the browser."""
+    if not _same_origin(request):
+        return page("login.html", status=403, next="/console/tasks", error=_CROSS_SITE)
+    form = await _form(request)
+    target = local_next(_text(form, "next"))
+    deps = components(request)
+    principal = await principal_of_key(deps, _text(form, "api_key").strip())
+    if principal is None:
+        error = "That API key is not valid (unknown, revoked or mistyped)."
+        return page("login.html", status=401, next=target, error=error)
+    sign_in = await deps.sign_ins.start(principal)
+    response = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+    set_session_cookie(request, response, sign_in)
+    return response
+
+
+@router.post("/logout")
+async def logout(found: SignedIn) -> Response:
+    if await _checked_form(found) is None:
+        return _csrf_refused(found)
+    secret = found.request.cookies.get(COOKIE)
+    if secret:
+        await components(found.request).sign_ins.end(secret)
+    response = RedirectResponse("/console/login", status_code=303, headers=SECURITY_HEADERS)
+    clear_session_cookie(response)
+    return response
+
+
+@router.post("/tasks/{task_id}/cancel")
+async def cancel(found: SignedIn, task_id: str) -> Response:
+    if await _checked_form(found) is None:
+        return _csrf_refused(found)
+    answer = await found.v1.post(f"/v1/tasks/{segment(task_id)}/cancel")
+    if not answer.ok:
+        return found.problem(answer, what=f"cancelling task {task_id}")
+    return found.redirect(f"/console/tasks/{segment(task_id)}?done=cancelled")
+
+
+@router.post("/tasks/{task_id}/rerun")
+async def rerun(found: SignedIn, task_id: str) -> Response:
+    if await _checked_form(found) is None:
+        return _csrf_refused(found)
+    answer = await found.v1.post(f"/v1/tasks/{segment(task_id)}/rerun")
+    if not answer.ok:
+        return found.problem(answer, what=f"running task {task_id} again")
+    return found.redirect(f"/console/tasks/{segment(answer.body['task_id'])}")
+
+
+@router.post("/tasks/{task_id}/steps/{step_id}/approval")
+async def decide(found: SignedIn, task_id: str, step_id: str) -> Response:
+    """Approve (with the arguments as shown, or as edited) or reject with a reason."""
+    form = await _checked_form(found)
+    if form is None:
+        return _csrf_refused(found)
+    decision = _text(form, "decision")
+    body: dict[str, Any] = {"decision": decision, "reason": _text(form, "reason").strip()}
+    edited = _text(form, "args").strip()
+    if decision == "approve" and edited and edited != _text(form, "original_args").strip():
+        try:
+            body["args"] = json.loads(edited)
+        except ValueError as exc:
+            return found.problem(_not_json(exc), what=f"deciding step {step_id}")
+    path = f"/v1/tasks/{segment(task_id)}/steps/{segment(step_id)}/approval"
+    answer = await found.v1.post(path, body)
+    if not answer.ok:
+        return found.problem(answer, what=f"deciding step {step_id}")
+    done = "approved" if decision == "approve" else "rejected"
+    back = local_next(_text(form, "next"), default="/console/approvals")
+    return found.redirect(f"{back}{'&' if '?' in back else '?'}done={done}")
+
+
+@router.post("/tools/{name}/{action}")
+async def switch_tool(found: SignedIn, name: str, action: str) -> Response:
+    if action not in ("enable", "disable"):
+        return Response(status_code=404, headers=SECURITY_HEADERS)
+    if await _checked_form(found) is None:
+        return _csrf_refused(found)
+    answer = await found.v1.post(f"/v1/tools/{segment(name)}:{action}")
+    if not answer.ok:
+        return found.problem(answer, what=f"{action} tool {name}")
+    back = local_next(_text(await _form(found.request), "next"), default="/console/tools")
+    return found.redirect(f"{back}?done={action}d")
+
+
+_CROSS_SITE = "Sign in from this console's own page: the form came from another site."
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser names where a form came from; a sign-in posted by another site is refused."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin in (f"http://{host}", f"https://{host}")
+
+
+def _not_json(exc: ValueError) -> Answer:
+    detail = f"the edited arguments are not JSON: {exc}"
+    return Answer(
+        status=422,
+        body={
+            "title": "Invalid request",
+            "code": "invalid_request",
+            "detail": detail,
+            "errors": [{"pointer": "/args", "code": "not_json", "detail": detail}],
+        },
+    )
