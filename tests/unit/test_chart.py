@@ -421,6 +421,42 @@ def test_the_controllers_environment_is_a_value_the_controller_accepts() -> None
         render(prod)
 
 
+def test_the_consoles_values_reach_the_controller_as_settings_it_accepts() -> None:
+    from agent_reach_controller.settings import ControllerSettings
+
+    def console_env(controller: dict[str, Any]) -> dict[str, str]:
+        values = copy.deepcopy(VALUES["minimal"])
+        values["controller"] = controller
+        (deployment,) = [
+            d for d in by_kind(render(values), "Deployment") if component(d) == "controller"
+        ]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return {
+            e["name"]: e["value"]
+            for e in container["env"]
+            if "CONSOLE" in e["name"] or "JAEGER" in e["name"]
+        }
+
+    default = console_env({})
+    assert default["AGENT_REACH_CONTROLLER_CONSOLE_SECURE_COOKIE"] == "auto"
+    assert "AGENT_REACH_CONTROLLER_JAEGER_URL" not in default
+    behind_tls = console_env(
+        {
+            "console": {"secureCookie": "always", "sessionSeconds": 900},
+            "jaegerUrl": "https://jaeger.example/trace/{trace_id}",
+        }
+    )
+    prefix = "AGENT_REACH_CONTROLLER_"
+    fields: dict[str, Any] = {k.removeprefix(prefix).lower(): v for k, v in behind_tls.items()}
+    settings = ControllerSettings(**fields)
+    assert (settings.console, settings.console_secure_cookie) == (True, "always")
+    assert settings.console_session_seconds == 900
+    assert settings.jaeger_url == "https://jaeger.example/trace/{trace_id}"
+    for wrong in ({"console": {"secureCookie": "sometimes"}}, {"jaegerUrl": "https://j/"}):
+        with pytest.raises(helm.HelmError):
+            console_env(wrong)
+
+
 def test_prometheus_finds_every_replica_and_gets_the_rules_the_repository_tests() -> None:
     docs = render(VALUES["production"])
     (monitor,) = by_kind(docs, "ServiceMonitor")
