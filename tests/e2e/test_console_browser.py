@@ -98,6 +98,13 @@ class Stack:
         found: dict[str, Any] = self.admin.get(f"/v1/tasks/{task_id}").json()
         return found
 
+    def wait_for_approval(self, task_id: str) -> None:
+        wait_until(
+            lambda: self.task(task_id)["steps"][0]["status"] == "awaiting_approval" or None,
+            within=30,
+            what=f"task {task_id}'s step to wait for approval",
+        )
+
     def open_gate(self, name: str) -> None:
         (self.gates / name).write_text("open")
 
@@ -251,11 +258,7 @@ def test_a_running_tasks_timeline_follows_its_steps_live(page: Any, stack: Stack
 
 def test_an_edited_dangerous_step_is_approved_and_runs(page: Any, stack: Stack) -> None:
     task_id = stack.submit(refund_plan(400, "customer asked twice"))
-    wait_until(
-        lambda: stack.task(task_id)["steps"][0]["status"] == "awaiting_approval" or None,
-        within=30,
-        what="the refund to wait for approval",
-    )
+    stack.wait_for_approval(task_id)
     page.goto(f"{stack.base}/console/approvals")
     card = page.locator("li.approval", has=page.locator(f'a[href="/console/tasks/{task_id}"]'))
     assert "bank.refund" in card.inner_text()
@@ -293,11 +296,7 @@ def test_an_edited_dangerous_step_is_approved_and_runs(page: Any, stack: Stack) 
 
 def test_a_rejection_reaches_the_model_with_its_reason(page: Any, stack: Stack) -> None:
     task_id = stack.submit(refund_plan(50, "no receipt"))
-    wait_until(
-        lambda: stack.task(task_id)["steps"][0]["status"] == "awaiting_approval" or None,
-        within=30,
-        what="the refund to wait for approval",
-    )
+    stack.wait_for_approval(task_id)
     page.goto(f"{stack.base}/console/approvals")
     card = page.locator("li.approval", has=page.locator(f'a[href="/console/tasks/{task_id}"]'))
     card.get_by_label("Reason (the model reads it on a rejection)").fill(
@@ -331,11 +330,7 @@ def test_another_tenants_task_is_not_found(page: Any, stack: Stack) -> None:
 
 def test_the_approvals_inbox_fits_a_phone(chromium: Any, stack: Stack) -> None:
     task_id = stack.submit(refund_plan(75, "a long note " * 20))
-    wait_until(
-        lambda: stack.task(task_id)["steps"][0]["status"] == "awaiting_approval" or None,
-        within=30,
-        what="the refund to wait for approval",
-    )
+    stack.wait_for_approval(task_id)
     context = chromium.new_context(
         viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True
     )
@@ -393,11 +388,7 @@ def test_an_xss_corpus_never_runs(page: Any, stack: Stack) -> None:
     )
     waiting = stack.submit(refund_plan(10, "".join(XSS)))
     wait_until(lambda: all_terminal(stack.admin, [echoed]), within=60, what="the echoes")
-    wait_until(
-        lambda: stack.task(waiting)["steps"][0]["status"] == "awaiting_approval" or None,
-        within=30,
-        what="the refund to wait for approval",
-    )
+    stack.wait_for_approval(waiting)
     for path in (
         "/console/tasks",
         f"/console/tasks/{echoed}",

@@ -31,6 +31,7 @@ from agent_reach_controller.storage.listings import TaskFilter
 from agent_reach_controller.storage.schema import rate_buckets
 from tests.conftest import REDIS_URL, _unavailable
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
+from tests.integration.test_approvals import PAY
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -296,18 +297,6 @@ async def test_each_filter_walks_its_index(many_tasks: tuple[str, int]) -> None:
 
 # --- the approvals inbox --------------------------------------------------------------------
 
-PAY = {
-    "name": "pay.send",
-    "description": "Moves money.",
-    "connector": "echo",
-    "risk": "dangerous",
-    "idempotent": True,
-    "input_schema": {
-        "type": "object",
-        "required": ["to", "cents"],
-        "properties": {"to": {"type": "string"}, "cents": {"type": "integer", "maximum": 10_000}},
-    },
-}
 WIRE = {**PAY, "name": "wire.send", "description": "Moves more money."}
 POLICY = {
     "roles": {

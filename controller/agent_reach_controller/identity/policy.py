@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent_reach_controller.decide.caps import TenantCaps
 from agent_reach_controller.settings import Environment
 from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds
+
+M = TypeVar("M", bound=BaseModel)
 
 # The longest window a tenant's cap may count over.
 MAX_CAP_WINDOW_S = 31 * 24 * 3600.0
@@ -145,16 +147,21 @@ def load(path: Path | None) -> Policy:
     """The policy in a YAML file, or DEFAULT when there is none."""
     if path is None:
         return DEFAULT
+    return read_yaml_model(path, Policy, PolicyFileError, what="the policy")
+
+
+def read_yaml_model(path: Path, model: type[M], error: type[Exception], *, what: str) -> M:
+    """A YAML file as a pydantic model; `error` says which file and which field is wrong."""
     try:
         document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return Policy.model_validate(document)
+        return model.model_validate(document)
     except (OSError, yaml.YAMLError) as exc:
-        raise PolicyFileError(f"{path}: cannot read the policy: {exc}") from None
+        raise error(f"{path}: cannot read {what}: {exc}") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        raise PolicyFileError(f"{path}: {problems}") from None
+        raise error(f"{path}: {problems}") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,11 +21,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent_reach_controller import audit
-from agent_reach_controller.identity.policy import Principal
+from agent_reach_controller.identity.policy import Principal, read_yaml_model
 from agent_reach_controller.identity.service import BOOTSTRAP_KEY_ID, KeyService
 from agent_reach_controller.storage import identity as storage
 from agent_reach_controller.storage.engine import Database
@@ -71,16 +70,7 @@ class ProxyUsersError(Exception):
 
 
 def load_proxy_users(path: Path) -> ProxyUsers:
-    try:
-        document: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return ProxyUsers.model_validate(document or {})
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProxyUsersError(f"{path}: {exc}") from None
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise ProxyUsersError(f"{path}: {problems}") from None
+    return read_yaml_model(path, ProxyUsers, ProxyUsersError, what="the proxy users")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

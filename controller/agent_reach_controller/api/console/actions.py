@@ -96,24 +96,30 @@ async def logout(found: SignedIn) -> Response:
     return response
 
 
-@router.post("/tasks/{task_id}/cancel")
-async def cancel(found: SignedIn, task_id: str) -> Response:
+async def _act(found: Visit, path: str, *, what: str, body: Any = None) -> Answer | Response:
+    """One action: the form's CSRF token checked, then its /v1 call; a refusal as a page."""
     if await _checked_form(found) is None:
         return _csrf_refused(found)
-    answer = await found.v1.post(f"/v1/tasks/{segment(task_id)}/cancel")
-    if not answer.ok:
-        return found.problem(answer, what=f"cancelling task {task_id}")
-    return found.redirect(f"/console/tasks/{segment(task_id)}?done=cancelled")
+    answer = await found.v1.post(path, body)
+    return answer if answer.ok else found.problem(answer, what=what)
+
+
+@router.post("/tasks/{task_id}/cancel")
+async def cancel(found: SignedIn, task_id: str) -> Response:
+    task = segment(task_id)
+    done = await _act(found, f"/v1/tasks/{task}/cancel", what=f"cancelling task {task_id}")
+    if isinstance(done, Response):
+        return done
+    return found.redirect(f"/console/tasks/{task}?done=cancelled")
 
 
 @router.post("/tasks/{task_id}/rerun")
 async def rerun(found: SignedIn, task_id: str) -> Response:
-    if await _checked_form(found) is None:
-        return _csrf_refused(found)
-    answer = await found.v1.post(f"/v1/tasks/{segment(task_id)}/rerun")
-    if not answer.ok:
-        return found.problem(answer, what=f"running task {task_id} again")
-    return found.redirect(f"/console/tasks/{segment(answer.body['task_id'])}")
+    path = f"/v1/tasks/{segment(task_id)}/rerun"
+    done = await _act(found, path, what=f"running task {task_id} again")
+    if isinstance(done, Response):
+        return done
+    return found.redirect(f"/console/tasks/{segment(done.body['task_id'])}")
 
 
 @router.post("/tasks/{task_id}/steps/{step_id}/approval")
@@ -143,11 +149,9 @@ async def decide(found: SignedIn, task_id: str, step_id: str) -> Response:
 async def switch_tool(found: SignedIn, name: str, action: str) -> Response:
     if action not in ("enable", "disable"):
         return Response(status_code=404, headers=SECURITY_HEADERS)
-    if await _checked_form(found) is None:
-        return _csrf_refused(found)
-    answer = await found.v1.post(f"/v1/tools/{segment(name)}:{action}")
-    if not answer.ok:
-        return found.problem(answer, what=f"{action} tool {name}")
+    done = await _act(found, f"/v1/tools/{segment(name)}:{action}", what=f"{action} tool {name}")
+    if isinstance(done, Response):
+        return done
     back = local_next(_text(await _form(found.request), "next"), default="/console/tools")
     return found.redirect(f"{back}?done={action}d")
 
