@@ -48,6 +48,11 @@ VALIDATE = "validate_plan"
 STORE = "store_task"
 DISPATCH = "dispatch_step"  # controller: a step's attempt handed to an executor
 EXECUTE = "execute_tool"  # executor: GenAI semantic conventions' tool execution
+# A person's word on a task (API or console), a child of the task's submit span.
+CANCEL = "cancel_task"
+DECIDE = "decide_step"  # approve or reject
+RESOLVE = "resolve_step"
+RESCHEDULE = "reschedule_step"
 
 # Attributes (OpenTelemetry GenAI semantic conventions, and ours under agent_reach.*).
 GEN_AI_OPERATION = "gen_ai.operation.name"
@@ -60,6 +65,8 @@ ATTEMPT = "agent_reach.attempt"
 EXECUTOR_ID = "agent_reach.executor_id"
 OUTCOME = "agent_reach.outcome"
 ENVIRONMENT = "agent_reach.environment"  # where the task runs: dev, sandbox or prod
+PRINCIPAL = "agent_reach.principal"  # who acted (an operator span); never a credential
+DECISION = "agent_reach.decision"
 ERROR_TYPE = "error.type"
 
 _chosen_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar(

@@ -20,6 +20,7 @@ from playwright.sync_api import expect, sync_playwright
 from tests.conftest import IN_CI
 from tests.e2e.processes import Proc, all_terminal, api, cluster, wait_until
 from tests.support.console_tools import XSS
+from tests.support.otlp import OtlpReceiver, ReceivedSpan
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,18 @@ class Stack:
     admin: httpx.Client  # the bootstrap key: it submits, so it may not approve
     alice: str  # an admin's key, for signing in: she approves what the bootstrap key asked
     gates: Path
+    otlp: OtlpReceiver  # every process's spans
+
+    def spans(self, task_id: str, name: str, *, at_least: int = 1) -> list[ReceivedSpan]:
+        """The spans called `name` in the task's trace, once there are `at_least` of them."""
+        trace_id = self.task(task_id)["trace_id"]
+
+        def found() -> list[ReceivedSpan] | None:
+            spans = [s for s in self.otlp.spans() if s.trace_id == trace_id and s.name == name]
+            return spans if len(spans) >= at_least else None
+
+        spans: list[ReceivedSpan] = wait_until(found, within=30, what=f"{at_least} {name} span(s)")
+        return spans
 
     def submit(self, plan: dict[str, Any], client: httpx.Client | None = None) -> str:
         answer = (client or self.admin).post("/v1/tasks", json=plan)
@@ -124,7 +137,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "AGENT_REACH_CONTROLLER_EVENT_STREAM_MAX_SECONDS": "1.5",
         "AGENT_REACH_CONTROLLER_JAEGER_URL": "http://jaeger.example.test/trace/{trace_id}",
     }
-    with cluster(work, env=env) as c:
+    with OtlpReceiver() as otlp, cluster(work, env=env) as c:
+        c.env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         dev = c.dev("dev", tools=tools)
         with api(dev) as admin:
             made = admin.post("/v1/keys", json={"name": "alice", "roles": ["admin"]})
@@ -135,6 +149,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 admin=admin,
                 alice=made.json()["token"],
                 gates=gates,
+                otlp=otlp,
             )
 
 
@@ -292,6 +307,43 @@ def test_an_edited_dangerous_step_is_approved_and_runs(page: Any, stack: Stack) 
     assert decided, events
     page.goto(f"{stack.base}/console/tasks/{task_id}")
     assert "alice" in page.locator("#timeline").inner_text()
+    # Two decisions were sent: the edit over the schema's maximum (refused: an error span) and
+    # the one that ran.
+    spans = stack.spans(task_id, "decide_step", at_least=2)
+    refused, (decided_span,) = (
+        [s for s in spans if s.status_code == 2],
+        [s for s in spans if s.status_code != 2],
+    )
+    assert len(refused) == 1
+    assert decided_span.attributes["agent_reach.principal"] == "alice"
+    assert decided_span.attributes["agent_reach.decision"] == "approve"
+    assert decided_span.attributes["agent_reach.edited"] is True
+
+
+def test_a_cancel_and_a_rerun_from_the_console_land_in_the_tasks_trace(
+    page: Any, stack: Stack
+) -> None:
+    task_id = stack.submit(
+        {"steps": [{"step_id": "wait", "tool": "work.gate", "args": {"name": "never"}}]}
+    )
+    page.goto(f"{stack.base}/console/tasks/{task_id}")
+    expect(page.locator('li[data-step="wait"] .status')).to_have_text("running", timeout=30_000)
+    page.get_by_role("button", name="Cancel task").click()
+    page.wait_for_url(f"**/console/tasks/{task_id}?done=cancelled")
+    expect(page.locator("#task-status")).to_have_text("cancelled", timeout=30_000)
+    (cancel,) = stack.spans(task_id, "cancel_task")
+    assert cancel.attributes["agent_reach.principal"] == "alice"
+    page.get_by_role("button", name="Run again (new task, same trace)").click()
+    page.wait_for_url("**/console/tasks/*")
+    again = page.url.rsplit("/", 1)[1]
+    assert again != task_id
+    rerun = stack.task(again)
+    assert rerun["trace_id"] == stack.task(task_id)["trace_id"]
+    listed = stack.admin.get("/v1/tasks", params={"principal": "alice"}).json()["tasks"]
+    assert again in [t["task_id"] for t in listed]  # submitted as the signed-in person
+    submits = stack.spans(task_id, "submit_task")
+    assert any(s.attributes.get("agent_reach.rerun_of") == task_id for s in submits)
+    stack.admin.post(f"/v1/tasks/{again}/cancel")
 
 
 def test_a_rejection_reaches_the_model_with_its_reason(page: Any, stack: Stack) -> None:

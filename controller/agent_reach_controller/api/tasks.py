@@ -38,6 +38,7 @@ from agent_reach_controller.services.operator import (
 )
 from agent_reach_controller.storage.catalog import CatalogChangedError
 from agent_reach_controller.storage.listings import TaskFilter
+from agent_reach_controller.storage.records import StepRow
 
 # Every route here that reads a body reads JSON: any other media type is a 415, by the app's
 # own dependency (api/media.py, declared once in api/app.py for every route).
@@ -226,6 +227,31 @@ def submit_span(
             telemetry.ENVIRONMENT: deps.environment_of(who.tenant),
             **(attributes or {}),
         },
+    ) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def operator_span(
+    name: str,
+    who: Principal,
+    *,
+    step: StepRow | None = None,
+    trace_id: str | None = None,
+    task_id: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[Any]:
+    """A person's action on a task (cancel, approve, resolve, reschedule), in the task's own
+    trace under its submit span, naming who acted: from the API or the console alike."""
+    task = step.task_id if step is not None else task_id or ""
+    facts: dict[str, Any] = {telemetry.TASK_ID: task, telemetry.PRINCIPAL: who.name}
+    if step is not None:
+        facts[telemetry.STEP_ID] = step.step_id
+    with telemetry.span(
+        name,
+        trace_id=step.trace_id if step is not None else trace_id or "",
+        parent_span_id=telemetry.task_span_id(task),
+        attributes={**facts, **(attributes or {})},
     ) as span:
         yield span
 
@@ -428,10 +454,11 @@ async def list_tasks(
 
 @router.post("/{task_id}/cancel", response_model=schemas.TaskOut, responses=PROBLEMS)
 async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
-    await deps.queries.check_tenant(task_id, who.tenant)
-    view = await deps.operator.cancel(
-        task_id, reason=f"cancelled by {who.name}", by=(who.name, who.tenant)
-    )
+    trace_id = await deps.queries.check_tenant(task_id, who.tenant)
+    with operator_span(telemetry.CANCEL, who, trace_id=trace_id, task_id=task_id):
+        view = await deps.operator.cancel(
+            task_id, reason=f"cancelled by {who.name}", by=(who.name, who.tenant)
+        )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
@@ -444,18 +471,20 @@ async def cancel_task(task_id: str, deps: Deps, who: Caller) -> schemas.TaskOut:
 async def resolve_step(
     task_id: str, step_id: str, verdict: schemas.ResolveIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    await _require_approver(deps, who, task_id, step_id)
-    view = await deps.operator.resolve(
-        ResolveInput(
-            task_id=task_id,
-            step_id=step_id,
-            action=verdict.action,
-            by=who.name if verdict.by in (None, who.name) else f"{who.name} for {verdict.by}",
-            reason=verdict.reason,
-            output=verdict.output,
-            tenant=who.tenant,
+    step = await _require_approver(deps, who, task_id, step_id)
+    attributes = {telemetry.DECISION: verdict.action}
+    with operator_span(telemetry.RESOLVE, who, step=step, attributes=attributes):
+        view = await deps.operator.resolve(
+            ResolveInput(
+                task_id=task_id,
+                step_id=step_id,
+                action=verdict.action,
+                by=who.name if verdict.by in (None, who.name) else f"{who.name} for {verdict.by}",
+                reason=verdict.reason,
+                output=verdict.output,
+                tenant=who.tenant,
+            )
         )
-    )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
@@ -484,11 +513,12 @@ async def reschedule_step(
         field = "/delay" if when.run_at is None and when.delay is not None else "/run_at"
         problem = Problem(pointer=field, code=ProblemCode.INVALID_TYPE, detail=str(exc))
         raise PlanInvalidError([problem]) from None
-    view = await deps.operator.reschedule(
-        RescheduleInput(
-            task_id=task_id, step_id=step_id, run_at=run_at, by=who.name, tenant=who.tenant
+    with operator_span(telemetry.RESCHEDULE, who, step=step):
+        view = await deps.operator.reschedule(
+            RescheduleInput(
+                task_id=task_id, step_id=step_id, run_at=run_at, by=who.name, tenant=who.tenant
+            )
         )
-    )
     return task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
 
 
@@ -501,26 +531,31 @@ async def reschedule_step(
 async def decide_step(
     task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    await _require_approver(deps, who, task_id, step_id)
-    view = await deps.operator.decide(
-        ApprovalInput(
-            task_id=task_id,
-            step_id=step_id,
-            approve=decision.decision == "approve",
-            by=who.name,
-            tenant=who.tenant,
-            reason=decision.reason,
-            args=decision.args,
-            separation_of_duties=deps.settings.separation_of_duties,
+    step = await _require_approver(deps, who, task_id, step_id)
+    attributes = {telemetry.DECISION: decision.decision, "agent_reach.edited": bool(decision.args)}
+    with operator_span(telemetry.DECIDE, who, step=step, attributes=attributes):
+        view = await deps.operator.decide(
+            ApprovalInput(
+                task_id=task_id,
+                step_id=step_id,
+                approve=decision.decision == "approve",
+                by=who.name,
+                tenant=who.tenant,
+                reason=decision.reason,
+                args=decision.args,
+                separation_of_duties=deps.settings.separation_of_duties,
+            )
         )
-    )
     return task_out(view, budget=deps.settings.receipt_budget_chars)
 
 
-async def _require_approver(deps: Components, who: Principal, task_id: str, step_id: str) -> None:
-    """404 unless the step is in the caller's tenant; 403 unless it may approve its tool."""
+async def _require_approver(
+    deps: Components, who: Principal, task_id: str, step_id: str
+) -> StepRow:
+    """The step; 404 unless it is in the caller's tenant, 403 unless it may approve its tool."""
     step = await deps.queries.step(task_id, step_id, tenant=who.tenant)
     require(deps, who, Action.APPROVE, step.tool)
+    return step
 
 
 @router.get(

@@ -143,12 +143,14 @@ class TaskQueries:
         async with self._db.transaction() as conn:
             return await store.unfinished_tasks(conn, tenant, principal, up_to=up_to)
 
-    async def check_tenant(self, task_id: str, tenant: str) -> None:
-        """TaskNotFoundError unless the task exists and belongs to `tenant` (the same answer)."""
+    async def check_tenant(self, task_id: str, tenant: str) -> str:
+        """The task's trace id; TaskNotFoundError unless the task exists and belongs to `tenant`
+        (the same answer)."""
         async with self._db.transaction() as conn:
             task = await store.load_task(conn, task_id)
         if task is None or task.tenant != tenant:
             raise TaskNotFoundError(task_id)
+        return task.trace_id
 
     async def history(
         self, task_id: str, *, tenant: str, up_to: int
