@@ -296,3 +296,30 @@ async def test_hostile_text_from_tools_and_models_is_escaped_everywhere(
                     assert payload not in page.text, (page.url, payload)
             assert "onerror=" not in page.text.replace("onerror=window", "") or True
             assert re.search(r"<(script|img|svg)[^>]*(onerror|onload|>window)", page.text) is None
+
+
+async def test_a_form_is_small_and_urlencoded_or_it_does_nothing(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with console_stack(sqlite_url, tmp_path) as c, signed_in(c) as (web, csrf, _):
+        made = await web.post(
+            "/v1/tasks",
+            json={"steps": [{"step_id": "a", "tool": "echo.say", "args": {"text": "x"}}]},
+            headers={"X-CSRF-Token": csrf},
+        )
+        task_id = made.json()["task_id"]
+        cancel = f"/console/tasks/{task_id}/cancel"
+        huge = await web.post(cancel, data={"csrf": csrf, "pad": "x" * 300_000})
+        assert huge.status_code == 413
+        multipart = await web.post(cancel, files={"csrf": (None, csrf)})
+        assert multipart.status_code == 403
+        assert "csrf_failed" in multipart.text
+        many = await web.post(cancel, data={"csrf": csrf, **{f"f{i}": "1" for i in range(20)}})
+        assert many.status_code == 403
+        not_utf8 = await web.post(
+            cancel,
+            content=b"csrf=" + csrf.encode() + b"&x=%ff\xff",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert not_utf8.status_code == 403
+        assert (await web.get(f"/v1/tasks/{task_id}")).json()["status"] != "cancelled"

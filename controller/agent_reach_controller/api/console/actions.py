@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
-from starlette.datastructures import FormData
 
 from agent_reach_controller.api.auth import principal_of_key
 from agent_reach_controller.api.console.render import (
@@ -26,24 +26,44 @@ from agent_reach_controller.api.console.render import (
     set_session_cookie,
 )
 from agent_reach_controller.api.console.v1 import Answer, segment
+from agent_reach_controller.api.tasks import read_body
 from agent_reach_controller.identity.sign_ins import COOKIE, csrf_matches
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
 _MAX_FIELDS = 8
-_MAX_FIELD_BYTES = 256 * 1024
+_MAX_FORM_BYTES = 256 * 1024
+_URLENCODED = "application/x-www-form-urlencoded"
+
+Form = dict[str, str]
 
 
-async def _form(request: Request) -> FormData:
-    return await request.form(max_files=0, max_fields=_MAX_FIELDS, max_part_size=_MAX_FIELD_BYTES)
+async def _form(request: Request) -> Form:
+    """The posted form (urlencoded, as the pages send it): at most 256 KiB (413 beyond, before
+    buffering) and 8 fields; anything else reads as an empty form, which no action accepts."""
+    cached: Form | None = getattr(request.state, "console_form", None)
+    if cached is not None:
+        return cached
+    body = await read_body(request, _MAX_FORM_BYTES)
+    form: Form = {}
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind == _URLENCODED:
+        try:
+            pairs = parse_qsl(
+                body.decode("utf-8"), keep_blank_values=True, max_num_fields=_MAX_FIELDS
+            )
+        except (UnicodeDecodeError, ValueError):
+            pairs = []
+        form = dict(pairs)
+    request.state.console_form = form
+    return form
 
 
-def _text(form: FormData, name: str) -> str:
-    value = form.get(name)
-    return value if isinstance(value, str) else ""
+def _text(form: Form, name: str) -> str:
+    return form.get(name, "")
 
 
-async def _checked_form(found: Visit) -> FormData | None:
+async def _checked_form(found: Visit) -> Form | None:
     """The action's form when it carries this session's CSRF token; None otherwise."""
     form = await _form(found.request)
     return form if csrf_matches(found.sign_in.secret, _text(form, "csrf")) else None
