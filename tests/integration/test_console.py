@@ -91,6 +91,9 @@ async def test_a_key_signs_in_to_a_short_lived_strict_httponly_session(
         async with browser(c) as web:
             first = await web.get("/console/tasks")
             assert first.status_code == 303
+            # An action's form is not a page to come back to after signing in.
+            posted = await web.post("/console/tasks/x/cancel")
+            assert posted.headers["location"] == "/console/login?next=/console/tasks"
             assert first.headers["location"].startswith("/console/login?next=/console/tasks")
             _, token = await c.keys.create(
                 name="ann", tenant="default", roles=["admin"], created_by="t"
@@ -294,7 +297,6 @@ async def test_hostile_text_from_tools_and_models_is_escaped_everywhere(
             for payload in XSS:
                 if any(ch in payload for ch in '<>"'):
                     assert payload not in page.text, (page.url, payload)
-            assert "onerror=" not in page.text.replace("onerror=window", "") or True
             assert re.search(r"<(script|img|svg)[^>]*(onerror|onload|>window)", page.text) is None
 
 

@@ -109,7 +109,6 @@ class SignIn:
     principal: Principal
     secret: str
     expires_at: datetime
-    via_proxy: bool
 
     @property
     def csrf(self) -> str:
@@ -157,9 +156,7 @@ class SignInService:
                 data={"via": "proxy" if via_proxy else f"key:{principal.key_id}"},
                 now=now,
             )
-        return SignIn(
-            principal=principal, secret=secret, expires_at=row.expires_at, via_proxy=via_proxy
-        )
+        return SignIn(principal=principal, secret=secret, expires_at=row.expires_at)
 
     async def resolve(self, secret: str, *, proxy_user: str | None) -> SignIn | None:
         """The session a cookie holds, or None: unknown, expired, or what made it is gone.
@@ -180,7 +177,6 @@ class SignInService:
             principal=principal,
             secret=secret,
             expires_at=row.expires_at,
-            via_proxy=row.key_id is None,
         )
 
     async def end(self, secret: str) -> None:

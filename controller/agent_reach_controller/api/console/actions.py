@@ -20,13 +20,12 @@ from agent_reach_controller.api.console.render import (
     SignedIn,
     Visit,
     clear_session_cookie,
-    components,
     local_next,
     page,
     set_session_cookie,
 )
 from agent_reach_controller.api.console.v1 import Answer, segment
-from agent_reach_controller.api.tasks import read_body
+from agent_reach_controller.api.tasks import Deps, read_body
 from agent_reach_controller.identity.sign_ins import COOKIE, csrf_matches
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -87,20 +86,19 @@ async def login_form(request: Request) -> Response:
 
 
 @router.post("/login")
-async def login(request: Request) -> Response:
+async def login(request: Request, deps: Deps) -> Response:
     """An API key for a session cookie; the key itself is never stored by the browser."""
     if not _same_origin(request):
         return page("login.html", status=403, next="/console/tasks", error=_CROSS_SITE)
     form = await _form(request)
     target = local_next(_text(form, "next"))
-    deps = components(request)
     principal = await principal_of_key(deps, _text(form, "api_key").strip())
     if principal is None:
         error = "That API key is not valid (unknown, revoked or mistyped)."
         return page("login.html", status=401, next=target, error=error)
     sign_in = await deps.sign_ins.start(principal)
     response = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
-    set_session_cookie(request, response, sign_in)
+    set_session_cookie(deps, request, response, sign_in)
     return response
 
 
@@ -110,7 +108,7 @@ async def logout(found: SignedIn) -> Response:
         return _csrf_refused(found)
     secret = found.request.cookies.get(COOKIE)
     if secret:
-        await components(found.request).sign_ins.end(secret)
+        await found.deps.sign_ins.end(secret)
     response = RedirectResponse("/console/login", status_code=303, headers=SECURITY_HEADERS)
     clear_session_cookie(response)
     return response
@@ -151,11 +149,13 @@ async def decide(found: SignedIn, task_id: str, step_id: str) -> Response:
     decision = _text(form, "decision")
     body: dict[str, Any] = {"decision": decision, "reason": _text(form, "reason").strip()}
     edited = _text(form, "args").strip()
-    if decision == "approve" and edited and edited != _text(form, "original_args").strip():
+    if decision == "approve" and edited:
         try:
-            body["args"] = json.loads(edited)
+            args = json.loads(edited)
         except ValueError as exc:
             return found.problem(_not_json(exc), what=f"deciding step {step_id}")
+        if args != _shown_args(form):  # reformatted but equal is no edit
+            body["args"] = args
     path = f"/v1/tasks/{segment(task_id)}/steps/{segment(step_id)}/approval"
     answer = await found.v1.post(path, body)
     if not answer.ok:
@@ -174,6 +174,14 @@ async def switch_tool(found: SignedIn, name: str, action: str) -> Response:
         return done
     back = local_next(_text(await _form(found.request), "next"), default="/console/tools")
     return found.redirect(f"{back}?done={action}d")
+
+
+def _shown_args(form: Form) -> Any:
+    """The arguments the page showed (to tell an edit from the same JSON laid out anew)."""
+    try:
+        return json.loads(_text(form, "original_args"))
+    except ValueError:
+        return None
 
 
 _CROSS_SITE = "Sign in from this console's own page: the form came from another site."

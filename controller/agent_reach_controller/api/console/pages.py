@@ -13,7 +13,6 @@ from fastapi.responses import RedirectResponse, Response
 from agent_reach_controller.api.console.render import (
     SECURITY_HEADERS,
     SignedIn,
-    components,
 )
 from agent_reach_controller.api.console.v1 import segment
 
@@ -96,7 +95,7 @@ async def task(found: SignedIn, task_id: str) -> Response:
     events, replay = await asyncio.gather(
         found.v1.get(f"{path}/events", {"limit": 5000}), found.v1.get(f"{path}/replay")
     )
-    jaeger = components(found.request).settings.jaeger_url
+    jaeger = found.deps.settings.jaeger_url
     view = answer.body
     timeline = events.body["events"] if events.ok else []
     return found.page(

@@ -15,6 +15,7 @@ from jinja2 import Environment, PackageLoader
 
 from agent_reach_controller.api.auth import console_session
 from agent_reach_controller.api.console.v1 import V1, Answer, segment
+from agent_reach_controller.api.tasks import Deps
 from agent_reach_controller.identity.sign_ins import COOKIE, SignIn
 from agent_reach_controller.runtime import Components
 
@@ -70,11 +71,6 @@ def _templates() -> Environment:
 TEMPLATES = _templates()
 
 
-def components(request: Request) -> Components:
-    found: Components = request.app.state.components
-    return found
-
-
 def local_next(value: str | None, default: str = "/console/tasks") -> str:
     """A redirect target only inside the console: never an open redirect."""
     if value and _LOCAL_NEXT.match(value) and "//" not in value:
@@ -87,6 +83,7 @@ class Visit:
     """A signed-in request: who, the /v1 API as them, and whether the session is new."""
 
     request: Request
+    deps: Components
     sign_in: SignIn
     fresh: bool
 
@@ -95,17 +92,16 @@ class Visit:
         return V1(self.request, self.sign_in)
 
     def page(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-        deps = components(self.request)
         html = TEMPLATES.get_template(template).render(
             me=self.sign_in.principal,
             csrf=self.sign_in.csrf,
             path=self.request.url.path,
-            is_admin=deps.policy.is_admin(self.sign_in.principal.roles),
+            is_admin=self.deps.policy.is_admin(self.sign_in.principal.roles),
             **context,
         )
         response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
         if self.fresh:
-            set_session_cookie(self.request, response, self.sign_in)
+            set_session_cookie(self.deps, self.request, response, self.sign_in)
         return response
 
     def problem(self, answer: Answer, *, what: str) -> HTMLResponse:
@@ -125,7 +121,7 @@ class Visit:
     def redirect(self, to: str) -> Response:
         response = RedirectResponse(to, status_code=303, headers=SECURITY_HEADERS)
         if self.fresh:
-            set_session_cookie(self.request, response, self.sign_in)
+            set_session_cookie(self.deps, self.request, response, self.sign_in)
         return response
 
 
@@ -133,19 +129,18 @@ class NotSignedInError(Exception):
     """A console page was asked for without a session: the sign-in form answers."""
 
 
-async def require_visit(request: Request) -> Visit:
-    found = await visit(request)
+async def require_visit(request: Request, deps: Deps) -> Visit:
+    found = await visit(request, deps)
     if found is None:
         raise NotSignedInError
     return found
 
 
-async def visit(request: Request) -> Visit | None:
+async def visit(request: Request, deps: Components) -> Visit | None:
     """The signed-in visit, or None. Behind a trusted proxy a first visit signs in by itself."""
-    deps = components(request)
     found = await console_session(deps, request)
     if found is not None:
-        return Visit(request=request, sign_in=found, fresh=False)
+        return Visit(request=request, deps=deps, sign_in=found, fresh=False)
     proxy = deps.sign_ins.proxy
     if proxy is None:
         return None
@@ -154,11 +149,13 @@ async def visit(request: Request) -> Visit | None:
     if principal is None:
         return None
     made = await deps.sign_ins.start(principal, via_proxy=True)
-    return Visit(request=request, sign_in=made, fresh=True)
+    return Visit(request=request, deps=deps, sign_in=made, fresh=True)
 
 
 def to_sign_in(request: Request) -> Response:
-    target = quote(local_next(str(request.url.path) + _query(request)), safe="/")
+    """The sign-in form, then back to the page asked for (an action's form is not a page)."""
+    asked = str(request.url.path) + _query(request) if request.method == "GET" else None
+    target = quote(local_next(asked), safe="/")
     return RedirectResponse(
         f"/console/login?next={target}", status_code=303, headers=SECURITY_HEADERS
     )
@@ -174,8 +171,9 @@ def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
 
-def set_session_cookie(request: Request, response: Response, sign_in: SignIn) -> None:
-    deps = components(request)
+def set_session_cookie(
+    deps: Components, request: Request, response: Response, sign_in: SignIn
+) -> None:
     mode = deps.settings.console_secure_cookie
     secure = mode == "always" or (mode == "auto" and request.url.scheme == "https")
     max_age = int((sign_in.expires_at - datetime.now(UTC)).total_seconds())
