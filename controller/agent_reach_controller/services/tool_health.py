@@ -140,9 +140,14 @@ class ToolHealth:
                 extra={"event": "tool_paused", "tool": tool},
             )
 
-    async def breaker_states(self) -> dict[str, dict[str, Any]]:
-        """Every guarded tool's breaker, for operators (closed when it has no row yet)."""
-        guarded = [t.name for t in self._registry.catalog.values() if t.breaker is not None]
+    async def breaker_states(self, only: str | None = None) -> dict[str, dict[str, Any]]:
+        """Every guarded tool's breaker (or only the tool `only`'s), for operators (closed when
+        it has no row yet)."""
+        guarded = [
+            t.name
+            for t in self._registry.catalog.values()
+            if t.breaker is not None and only in (None, t.name)
+        ]
         async with self._db.transaction() as conn:
             states = await flow.load_breakers(conn, guarded)
         return {

@@ -43,5 +43,5 @@ class UsageReader:
             running = await listings.running_steps(conn, tool.name)
         breaker = None
         if tool.breaker is not None:
-            breaker = (await self.tool_health.breaker_states()).get(tool.name)
+            breaker = (await self.tool_health.breaker_states(only=tool.name)).get(tool.name)
         return ToolUsage(rate=rate, running=running, breaker=breaker)
