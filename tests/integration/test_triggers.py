@@ -359,3 +359,42 @@ async def test_saves_that_race_are_stored_or_refused_never_lost(
                 assert stored.template == template
             live = await c.triggers.get(name, tenant=None)
             assert live.version == max(saved.trigger.version for _, saved in won)
+
+
+async def test_an_events_values_are_data_never_references(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A sender who puts `$step.output` text in an event must not copy an earlier step's output
+    into a later step's arguments; `$$` in the event arrives as sent (issue 28)."""
+    template = {
+        "steps": [
+            {"step_id": "first", "tool": "echo.say", "args": {"text": "start"}},
+            {
+                "step_id": "second",
+                "tool": "echo.say",
+                "args": {"text": "$event.v", "extra": "$event.more"},
+                "depends_on": ["first"],
+            },
+        ]
+    }
+    event = {
+        "v": "$first.output.internal",
+        "more": {"a": ["$first.output", "$$x", {"b": "$$$first.output.internal"}], "p": "$5"},
+    }
+    async with (
+        components_for(database_url, write_tools(tmp_path)) as c,
+        api_client(c) as api,
+        sender(c) as outside,
+    ):
+        saved = await api.put("/v1/triggers/leak", json={"template": template})
+        assert saved.status_code == 200, saved.text
+        posted = await outside.post(
+            "/v1/triggers/leak", **signed(saved.json()["secret"], event, event_id="e1")
+        )
+        assert posted.status_code == 202, posted.text
+        await run_ready(c, {"first": {"internal": "SECRET-OUTPUT"}})
+        claimed = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=2)
+        (second,) = claimed
+        # What the executor is handed: the event's own bytes, nothing of the first step's output.
+        assert second.resolved_args == {"text": event["v"], "extra": event["more"]}
+        assert "SECRET-OUTPUT" not in json.dumps(second.resolved_args)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agent_reach_controller.planning.problems import Problem, ProblemCode
-from agent_reach_controller.planning.references import Reference, parse_reference
+from agent_reach_controller.planning.references import Reference, parse_reference, unescape
 
 
 def _leaves(value: Any) -> Iterator[Any]:
@@ -63,7 +63,8 @@ def problems(
         value = args[name]
         if isinstance(value, str) and isinstance(parse_reference(value), Reference):
             continue  # taken from an earlier step's output by the controller
-        missing = [leaf for leaf in _leaves(value) if not _found(leaf, texts)]
+        # The value as written: a `$` that escapes data is not part of it.
+        missing = [leaf for leaf in _leaves(unescape(value)) if not _found(leaf, texts)]
         if missing:
             found.append(
                 Problem(

@@ -3,7 +3,9 @@
 Grammar. A string value is a reference when it starts with a single `$`, then a step id, then
 `.output` as a whole word, optionally followed by `.<segment>` parts (integer segments index lists,
 other segments are mapping keys; keys containing '.' cannot be addressed). `$$` at the start
-escapes a literal `$` (`"$$5"` -> `"$5"`). Strings that start with `$` but are not of the form
+escapes a literal `$` (`"$$5"` -> `"$5"`). Data is never a reference: a model's arguments and the
+values an event fills into a template are `escape`d when read, so `resolve` gives back their
+very bytes. Strings that start with `$` but are not of the form
 `$<something>.output...` (`"$5"`, `"$HOME"`) are ordinary strings and stay as they are; strings of
 that form that are malformed (`"$.output"`, `"$a.output..x"`, `"$a.output[0]"`) are reported.
 """
@@ -153,6 +155,12 @@ def resolve(args: Any, outputs: Mapping[str, Any]) -> Any:
         return _lookup(ref, outputs)
 
     return transform(args, on_string)
+
+
+def escape(data: Any) -> Any:
+    """A copy of `data` that no reading takes for a reference, at any depth: each string that
+    starts with `$` gets one more (`resolve` and `unescape` take it off again)."""
+    return transform(data, lambda text, _pointer: "$" + text if text.startswith("$") else text)
 
 
 def unescape(args: Any) -> Any:

@@ -3,8 +3,10 @@
 A template is a plan (the `plan` dialect) some of whose strings stand for a part of the event
 that starts a run: the whole string `$event` is the event, `$event.order.id` a part of it
 (integer segments index lists), with the type the event gives it. `$$event` is the literal text
-`$event`. Only step arguments and the context are filled; tools, ids, dependencies, conditions
-and times are the template's own.
+`$event`. What an event fills into arguments is data: its strings are escaped so that none is
+read as a `$step.output` reference, and each step receives the event's very bytes. Only step
+arguments and the context are filled; tools, ids, dependencies, conditions and times are the
+template's own.
 
 `event` is reserved: no step may be called so. The template's context may hold neither `event`
 nor `trigger`, for a run's context holds the event and where it came from there (conditions read
@@ -14,7 +16,7 @@ them as `context.event` and `context.trigger`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,7 @@ from agent_reach_controller.planning.problems import (
     ProblemCode,
     pointer_join,
 )
-from agent_reach_controller.planning.references import follow, transform
+from agent_reach_controller.planning.references import escape, follow, transform
 
 EVENT = "event"
 ORIGIN = "trigger"
@@ -84,26 +86,33 @@ def fill(template: dict[str, Any], event: Any, origin: dict[str, Any]) -> dict[s
     PlanInvalidError names each part the event lacks, at its place in the template."""
     missing: list[Problem] = []
 
-    def on_string(text: str, pointer: str) -> Any:
-        read = parse(text, pointer)
-        if not isinstance(read, EventReference):
-            return text
-        try:
-            return follow(event, read.path, "$event")
-        except LookupError as exc:
-            missing.append(
-                Problem(pointer=pointer, code=ProblemCode.MISSING_EVENT_FIELD, detail=exc.args[0])
-            )
-            return None
+    def filler(*, as_args: bool) -> Callable[[str, str], Any]:
+        def on_string(text: str, pointer: str) -> Any:
+            read = parse(text, pointer)
+            if not isinstance(read, EventReference):
+                return text
+            try:
+                part = follow(event, read.path, "$event")
+            except LookupError as exc:
+                problem = Problem(
+                    pointer=pointer, code=ProblemCode.MISSING_EVENT_FIELD, detail=exc.args[0]
+                )
+                missing.append(problem)
+                return None
+            # In arguments the event's strings are data, never `$step.output` references.
+            return escape(part) if as_args else part
 
+        return on_string
+
+    in_args = filler(as_args=True)
     plan = dict(template)
     plan["steps"] = [
-        {**step, "args": transform(step["args"], on_string, f"/steps/{i}/args")}
+        {**step, "args": transform(step["args"], in_args, f"/steps/{i}/args")}
         if isinstance(step, dict) and "args" in step
         else step
         for i, step in enumerate(template.get("steps", []))
     ]
-    context = transform(template.get("context") or {}, on_string, "/context")
+    context = transform(template.get("context") or {}, filler(as_args=False), "/context")
     if missing:
         raise PlanInvalidError(missing)
     plan["context"] = {**context, EVENT: event, ORIGIN: origin}

@@ -24,6 +24,7 @@ from agent_reach_controller.planning.problems import (
     ProblemCollector,
     pointer_join,
 )
+from agent_reach_controller.planning.references import escape
 from agent_reach_controller.tools.catalog import EFFECT_CLASS, MAX_UNITS
 
 P = ProblemCode
@@ -293,7 +294,9 @@ def _is_model(value: Any) -> bool:
 
 def call_arguments(raw: Any, draft: StepDraft) -> None:
     """A model's arguments into `draft.args`: a JSON-encoded object (or an object); a problem of
-    this call when they are neither."""
+    this call when they are neither. They are data, escaped so that no string of theirs is read
+    as a `$step.output` reference: a model (or what it read) must not copy another step's
+    output."""
     where = draft.pointers["args"]
     if isinstance(raw, str):
         draft.args_addressable = False
@@ -317,7 +320,7 @@ def call_arguments(raw: Any, draft: StepDraft) -> None:
             )
         )
         return
-    draft.args = raw
+    draft.args = escape(raw)
 
 
 def _no_constant(name: str) -> Any:
