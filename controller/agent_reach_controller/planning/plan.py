@@ -440,9 +440,11 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
                 c.problems.extend(p for p in problems if p.pointer == c.draft.base)
                 refused[c.draft.step_id] = c
         steps = [s for s in steps if s.step_id not in refused]
+    stored = verify.split(fanout.split(steps, catalog), catalog)
+    _check_count(len(drafts), len(stored) + len(refused), limits, turn.calls_pointer)
     return Plan(
         goal=turn.goal,
-        steps=tuple(verify.split(fanout.split(steps, catalog), catalog)),
+        steps=tuple(stored),
         refused=tuple(_refusal(c) for c in checked if c.draft.step_id in refused),
         context=context,
         source=turn.dialect.name,
@@ -451,6 +453,15 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
         caps=caps,
         webhook_url=options.webhook.url if options.webhook else None,
     )
+
+
+def _check_count(written: int, stored: int, limits: PlanLimits, pointer: str) -> None:
+    """`max_steps` holds for the steps stored: a fan-out's children and a verified write's halves
+    count, or one short body could store thousands of steps."""
+    if stored > limits.max_steps:
+        noun = "step" if written == 1 else "steps"
+        detail = f"{written:,} {noun} become {stored:,}; the limit is {limits.max_steps:,}"
+        raise PlanInvalidError([Problem(pointer=pointer, code=P.TOO_LARGE, detail=detail)])
 
 
 @dataclass(slots=True)

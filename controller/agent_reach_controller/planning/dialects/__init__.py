@@ -51,6 +51,7 @@ class Turn:
     drafts: list[StepDraft]
     options: Options
     goal: str | None
+    calls_pointer: str  # the body's list of calls, where a problem of them all points
 
 
 def read_turn(
@@ -63,8 +64,8 @@ def read_turn(
         return None
     normal, prefix = chosen.normalise(body)
     calls = normal.get(chosen.calls) if isinstance(normal, dict) else None
+    where = "" if prefix else f"/{chosen.calls}"
     if isinstance(calls, list) and len(calls) > limits.max_steps:
-        where = "" if prefix else f"/{chosen.calls}"
         detail = f"{len(calls):,} {chosen.call_noun}s; the limit is {limits.max_steps:,}"
         out.add(where, ProblemCode.TOO_LARGE, detail)
         return None
@@ -80,7 +81,9 @@ def read_turn(
     if model is None:
         return None
     drafts = chosen.drafts(model, prefix=prefix, out=out)
-    return Turn(dialect=chosen, drafts=drafts, options=model, goal=chosen.goal(model))
+    return Turn(
+        dialect=chosen, drafts=drafts, options=model, goal=chosen.goal(model), calls_pointer=where
+    )
 
 
 def _choose(body: Any, name: str | None, out: ProblemCollector) -> Dialect | None:
