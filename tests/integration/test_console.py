@@ -325,3 +325,128 @@ async def test_a_form_is_small_and_urlencoded_or_it_does_nothing(
         )
         assert not_utf8.status_code == 403
         assert (await web.get(f"/v1/tasks/{task_id}")).json()["status"] != "cancelled"
+
+
+BAD_QUERIES: list[tuple[str, dict[str, str] | httpx.QueryParams, str, str]] = [
+    # (page, query, the parameter named, words of what is wrong)
+    ("/console/tasks", {"status": "x" * 300}, "status", "must be one of: pending, running"),
+    ("/console/tasks", {"status": "lost"}, "status", "must be one of"),
+    ("/console/tasks", {"before": "yesterday"}, "before", "is not a task id"),
+    ("/console/tasks", {"before": "0193A1B2-C3D4-7E5F-8A9B-0C1D2E3F4A5B"}, "before", "task id"),
+    ("/console/tasks", {"since": "last tuesday"}, "since", "is not a time"),
+    ("/console/tasks", {"since": "1764921600"}, "since", "is not a time"),
+    ("/console/tasks", {"until": "2026-02-30T08:00"}, "until", "date and time that exists"),
+    ("/console/tasks", {"until": "2026-12-05T08:00:00.5"}, "until", "is not a time"),
+    (
+        "/console/tasks",
+        {"since": "2026-12-05T09:00", "until": "2026-12-05T08:00:00Z"},
+        "until",
+        "must be later than since",
+    ),
+    ("/console/tasks", {"tool": "no such tool!"}, "tool", "is not a tool name"),
+    ("/console/tasks", {"tool": "a" * 129}, "tool", "is not a tool name"),
+    ("/console/tasks", {"principal": "p" * 129}, "principal", "129 characters long"),
+    ("/console/tasks", {"stauts": "failed"}, "stauts", "not a parameter of this page"),
+    (
+        "/console/tasks",
+        httpx.QueryParams([("status", "failed"), ("status", "running")]),
+        "status",
+        "given 2 times",
+    ),
+    ("/console/tasks/{task}", {"done": "hacked"}, "done", "must be one of: cancelled"),
+    ("/console/tasks/{task}", {"status": "failed"}, "status", "not a parameter"),
+    ("/console/tasks/{task}/steps", {"done": "cancelled"}, "done", "it reads none"),
+    ("/console/approvals", {"done": "x" * 300}, "done", "must be one of"),
+    ("/console/approvals", {"limit": "0"}, "limit", "not a parameter"),
+    ("/console/tools", {"done": "<b>enabled</b>"}, "done", "must be one of"),
+    ("/console/tools/echo.say", {"done": "nope"}, "done", "must be one of"),
+    ("/console/executors", {"page": "2"}, "page", "it reads none"),
+]
+
+
+def assert_bad_query_page(answer: httpx.Response, name: str, words: str) -> None:
+    """The console's own page (its CSP and all), 400, naming the parameter and the fault."""
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"].startswith("text/html"), answer.headers
+    assert answer.headers["content-security-policy"].startswith("default-src 'none'")
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert answer.headers["cache-control"] == "no-store"
+    assert "<!doctype html>" in answer.text
+    assert f"<li><code>{name}</code> " in answer.text, answer.text
+    assert words in answer.text, answer.text
+
+
+async def test_a_bad_query_parameter_is_a_console_page_naming_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with console_stack(sqlite_url, tmp_path) as c, signed_in(c) as (web, csrf, _):
+        made = await web.post(
+            "/v1/tasks",
+            json={"steps": [{"step_id": "a", "tool": "echo.say", "args": {"text": "x"}}]},
+            headers={"X-CSRF-Token": csrf},
+        )
+        task = made.json()["task_id"]
+        for path, params, name, words in BAD_QUERIES:
+            answer = await web.get(path.format(task=task), params=params)
+            assert_bad_query_page(answer, name, words)
+            assert "ann" in answer.text  # the page of someone signed in, with the console's bar
+        # Every fault at once, each named; a made-up name is shown escaped and cut short.
+        many = await web.get(
+            "/console/tasks",
+            params={"status": "lost", "before": "x", "<script>" + "y" * 100: "1"},
+        )
+        assert_bad_query_page(many, "status", "3 query parameters are wrong")
+        assert "<li><code>before</code> " in many.text
+        assert "<script>" not in many.text
+        assert "&lt;script&gt;" + "y" * 55 + "…</code>" in many.text
+        # Good values, and the form's empty "any", still list tasks.
+        good = [
+            {"status": "", "tool": "", "principal": "", "since": "", "until": ""},
+            {"status": "pending", "tool": "echo.say", "principal": "ann"},
+            {"since": "2000-01-01T00:00", "until": "2100-01-01T00:00:00"},
+            {"since": "2000-01-01T08:00:00+08:00", "until": "2100-01-01t00:00:00.5z"},
+            {"before": "ffffffff-ffff-7fff-bfff-ffffffffffff"},
+        ]
+        for params in good:
+            listed = await web.get("/console/tasks", params=params)
+            assert listed.status_code == 200, (params, listed.text)
+            assert f"/console/tasks/{task}" in listed.text, params
+        # A `before` is read: the list starts after it (it was ignored when malformed too).
+        after = await web.get("/console/tasks", params={"before": task})
+        assert after.status_code == 200
+        assert f"/console/tasks/{task}" not in after.text
+        for path in ("/console/approvals", "/console/tools", f"/console/tasks/{task}"):
+            shown = await web.get(path, params={"done": "approved"})
+            assert shown.status_code == 200
+            assert "Approved." in shown.text
+
+
+async def test_the_sign_in_page_names_a_bad_next_and_sign_in_comes_first(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with console_stack(sqlite_url, tmp_path) as c, browser(c) as web:
+        for bad in ("https://evil.test/x", "//evil.test/x", "/v1/tasks"):
+            answer = await web.get("/console/login", params={"next": bad})
+            assert_bad_query_page(answer, "next", "is not a page of this console")
+        answer = await web.get("/console/login", params={"next": "/console", "x": "1"})
+        assert_bad_query_page(answer, "x", "it reads next")
+        answer = await web.get("/console", params=[("x", "1"), ("x", "2")])
+        assert_bad_query_page(answer, "x", "it reads none")
+        fine = await web.get("/console/login", params={"next": "/console/tasks?status=failed"})
+        assert fine.status_code == 200
+        assert 'value="/console/tasks?status=failed"' in fine.text
+        # Someone not signed in is sent to sign in first, the page's query kept; the page then
+        # names what is wrong with it.
+        first = await web.get("/console/tasks", params={"status": "lost"})
+        assert first.status_code == 303
+        assert first.headers["location"] == "/console/login?next=/console/tasks%3Fstatus%3Dlost"
+        sign_in = await web.get(first.headers["location"])
+        assert sign_in.status_code == 200
+        _, token = await c.keys.create(
+            name="ann", tenant="default", roles=["admin"], created_by="t"
+        )
+        back = await web.post(
+            "/console/login", data={"api_key": token, "next": "/console/tasks?status=lost"}
+        )
+        assert back.status_code == 303
+        assert_bad_query_page(await web.get(back.headers["location"]), "status", "must be one of")

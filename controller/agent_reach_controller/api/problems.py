@@ -54,7 +54,13 @@ def pointer_from_loc(loc: Sequence[str | int]) -> str:
 
 
 async def single_query_values(request: Request) -> None:
-    """Every query parameter of this API is one value: `?a=1&a=2` is a 422, not "the last wins"."""
+    """Every query parameter of this API is one value: `?a=1&a=2` is a 422, not "the last wins".
+
+    The console's pages check their own queries, after signing in, and answer with a page
+    (api/console/query.py).
+    """
+    if request.url.path == "/console" or request.url.path.startswith("/console/"):
+        return
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
         if name in seen:

@@ -6,7 +6,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from agent_reach_controller.api.console import actions, pages
-from agent_reach_controller.api.console.render import NotSignedInError, to_sign_in
+from agent_reach_controller.api.console.query import BadQueryError
+from agent_reach_controller.api.console.render import NotSignedInError, page, to_sign_in
 
 
 def install(app: FastAPI) -> None:
@@ -17,3 +18,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(NotSignedInError)
     async def not_signed_in(request: Request, _: NotSignedInError) -> Response:
         return to_sign_in(request)
+
+    @app.exception_handler(BadQueryError)
+    async def bad_query(request: Request, exc: BadQueryError) -> Response:
+        # The page itself, without its query, is the way back.
+        context = {"bad": exc.bad, "back": request.url.path}
+        if exc.visit is None:
+            return page("bad_query.html", status=400, **context)
+        return exc.visit.page("bad_query.html", status=400, **context)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from agent_reach_controller.api.auth import principal_of_key
+from agent_reach_controller.api.console.query import BadQueryError, a_console_page, check_query
 from agent_reach_controller.api.console.render import (
     SECURITY_HEADERS,
     SignedIn,
@@ -82,7 +83,10 @@ def _csrf_refused(found: Visit) -> Response:
 
 @router.get("/login")
 async def login_form(request: Request) -> Response:
-    return page("login.html", next=local_next(request.query_params.get("next")), error=None)
+    asked, bad = check_query(request.query_params, {"next": a_console_page})
+    if bad:
+        raise BadQueryError(None, bad)
+    return page("login.html", next=asked.get("next", "/console/tasks"), error=None)
 
 
 @router.post("/login")

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from agent_reach_controller.api.console.query import (
+    BadParameter,
+    BadQueryError,
+    a_task_id,
+    a_time,
+    a_tool_name,
+    at_most,
+    check_query,
+    moment,
+    one_of,
+    reads,
+    utc,
+)
 from agent_reach_controller.api.console.render import (
     SECURITY_HEADERS,
     SignedIn,
@@ -18,8 +30,6 @@ from agent_reach_controller.api.console.v1 import segment
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
-# A datetime-local input sends no offset: the form says its times are UTC.
-_LOCAL_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d)?$")
 _STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 _STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 _DONE = {
@@ -30,20 +40,32 @@ _DONE = {
     "disabled": "Tool disabled.",
 }
 
+# What each page reads from its address (anything else is a 400 page naming it).
+Nothing = Annotated[dict[str, str], reads()]
+Done = Annotated[dict[str, str], reads(done=one_of(tuple(_DONE)))]
+TaskFilters = Annotated[
+    dict[str, str],
+    reads(
+        status=one_of(_STATUSES),
+        tool=a_tool_name,
+        principal=at_most(128),
+        since=a_time,
+        until=a_time,
+        before=a_task_id,
+    ),
+]
 
-def _utc(value: str | None) -> str | None:
-    if value and _LOCAL_TIME.match(value):
-        return value + ("Z" if value.count(":") == 2 else ":00Z")
-    return value or None
 
-
-def done_message(request: Request) -> str | None:
+def done_message(asked: dict[str, str]) -> str | None:
     """A fixed message after an action (never text echoed from the URL)."""
-    return _DONE.get(request.query_params.get("done", ""))
+    return _DONE.get(asked.get("done", ""))
 
 
 @router.get("")
-async def home() -> Response:
+async def home(request: Request) -> Response:
+    _, bad = check_query(request.query_params, {})
+    if bad:
+        raise BadQueryError(None, bad)
     return RedirectResponse("/console/tasks", status_code=303, headers=SECURITY_HEADERS)
 
 
@@ -58,20 +80,13 @@ async def static(name: str) -> Response:
 
 
 @router.get("/tasks")
-async def tasks(  # noqa: PLR0913  (the list's filters, each a query parameter)
-    found: SignedIn,
-    *,
-    status: Annotated[str | None, Query(max_length=16)] = None,
-    tool: Annotated[str | None, Query(max_length=128)] = None,
-    principal: Annotated[str | None, Query(max_length=128)] = None,
-    since: Annotated[str | None, Query(max_length=40)] = None,
-    until: Annotated[str | None, Query(max_length=40)] = None,
-    before: Annotated[str | None, Query(max_length=64)] = None,
-) -> Response:
-    filters = {"status": status, "tool": tool, "principal": principal}
-    filters |= {"since": since, "until": until}
-    asked = {**filters, "since": _utc(since), "until": _utc(until), "before": before}
-    answer = await found.v1.get("/v1/tasks", {**asked, "limit": 50})
+async def tasks(found: SignedIn, asked: TaskFilters) -> Response:
+    since, until = asked.get("since"), asked.get("until")
+    if since and until and moment(until) <= moment(since):
+        raise BadQueryError(found, [BadParameter(name="until", problem="must be later than since")])
+    filters = {k: asked.get(k) for k in ("status", "tool", "principal", "since", "until")}
+    ask = {**filters, "since": utc(since), "until": utc(until), "before": asked.get("before")}
+    answer = await found.v1.get("/v1/tasks", {**ask, "limit": 50})
     if not answer.ok:
         return found.problem(answer, what="the task list")
     page = answer.body
@@ -87,7 +102,7 @@ async def tasks(  # noqa: PLR0913  (the list's filters, each a query parameter)
 
 
 @router.get("/tasks/{task_id}")
-async def task(found: SignedIn, task_id: str) -> Response:
+async def task(found: SignedIn, task_id: str, asked: Done) -> Response:
     path = f"/v1/tasks/{segment(task_id)}"
     answer = await found.v1.get(path)
     if not answer.ok:
@@ -106,12 +121,12 @@ async def task(found: SignedIn, task_id: str) -> Response:
         dry_run=replay.body["dry_run"] if replay.ok else None,
         last_event=max((e["id"] for e in timeline), default=0),
         jaeger=jaeger.replace("{trace_id}", view["trace_id"]) if jaeger else None,
-        done=done_message(found.request),
+        done=done_message(asked),
     )
 
 
 @router.get("/tasks/{task_id}/steps")
-async def task_steps(found: SignedIn, task_id: str) -> Response:
+async def task_steps(found: SignedIn, task_id: str, _: Nothing) -> Response:
     """The step tree alone, which the page's script swaps in as events arrive."""
     answer = await found.v1.get(f"/v1/tasks/{segment(task_id)}")
     if not answer.ok:
@@ -120,19 +135,19 @@ async def task_steps(found: SignedIn, task_id: str) -> Response:
 
 
 @router.get("/approvals")
-async def approvals(found: SignedIn) -> Response:
+async def approvals(found: SignedIn, asked: Done) -> Response:
     answer = await found.v1.get("/v1/approvals", {"limit": 200})
     if not answer.ok:
         return found.problem(answer, what="the approvals inbox")
     return found.page(
         "approvals.html",
         approvals=answer.body.get("approvals", []),
-        done=done_message(found.request),
+        done=done_message(asked),
     )
 
 
 @router.get("/tools")
-async def tools(found: SignedIn) -> Response:
+async def tools(found: SignedIn, asked: Done) -> Response:
     listed = await found.v1.get("/v1/tools", {"include_disabled": "true"})
     if not listed.ok:
         return found.problem(listed, what="the tools")
@@ -144,12 +159,12 @@ async def tools(found: SignedIn) -> Response:
         "tools.html",
         tools=catalogue,
         usage={t["name"]: u.body for t, u in zip(catalogue, usages, strict=True) if u.ok},
-        done=done_message(found.request),
+        done=done_message(asked),
     )
 
 
 @router.get("/tools/{name}")
-async def tool(found: SignedIn, name: str) -> Response:
+async def tool(found: SignedIn, name: str, asked: Done) -> Response:
     path = f"/v1/tools/{segment(name)}"
     head, versions, usage = await asyncio.gather(
         found.v1.get(path), found.v1.get(f"{path}/versions"), found.v1.get(f"{path}/usage")
@@ -161,12 +176,12 @@ async def tool(found: SignedIn, name: str) -> Response:
         tool=head.body,
         history=versions.body if versions.ok else None,
         usage=usage.body if usage.ok else None,
-        done=done_message(found.request),
+        done=done_message(asked),
     )
 
 
 @router.get("/executors")
-async def executors(found: SignedIn) -> Response:
+async def executors(found: SignedIn, _: Nothing) -> Response:
     answer = await found.v1.get("/v1/executors")
     if not answer.ok:
         return found.problem(answer, what="the executors")
