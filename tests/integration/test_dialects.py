@@ -23,6 +23,7 @@ from openai.types.chat import (
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from openai.types.responses import (
     FunctionToolParam,
+    Response,
     ResponseFunctionToolCall,
     ResponseInputParam,
     ResponseOutputMessage,
@@ -219,6 +220,49 @@ async def test_openai_responses_round_trip(database_url: str, tmp_path: Path) ->
         bad = await client.post("/v1/tasks", json=[items[0]])
         assert bad.status_code == 422
         assert bad.json()["errors"][0]["detail"] == "no item of type 'function_call' to run"
+
+
+async def test_a_whole_openai_response_is_taken_as_the_sdk_dumps_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """`response.model_dump()` as it comes (usage, tools, reasoning and every other field of the
+    SDK's `Response`): its function calls run, its other fields are not used."""
+    call = ResponseFunctionToolCall(
+        type="function_call", call_id="call_1", name="echo_say", arguments='{"text": "hi"}'
+    )
+    response = Response.model_validate(
+        {
+            "id": "resp_1",
+            "created_at": 1765000000,
+            "model": "gpt-test",
+            "object": "response",
+            "output": [call.model_dump()],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [{"type": "function", "name": "echo_say", "parameters": {}, "strict": True}],
+            "status": "completed",
+            "usage": {
+                "input_tokens": 10,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": 5,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 15,
+            },
+        }
+    )
+    body = response.model_dump()
+    assert len(body) > 20  # the SDK's every field, set or not
+    async with api(sqlite_url, tmp_path) as (client, c):
+        answer = await client.post("/v1/tasks", json={**body, "priority": 3})
+        assert answer.status_code == 202, answer.text
+        await work_off(c)
+        task = (await client.get(f"/v1/tasks/{answer.json()['task_id']}")).json()
+        assert task["source"] == "openai_responses"
+        assert [(s["step_id"], s["status"]) for s in task["steps"]] == [("call_1", "succeeded")]
+        # A near miss of an option beside the vendor's fields is still refused, not dropped.
+        typo = await client.post("/v1/tasks", json={**body, "priorty": 3})
+        assert typo.status_code == 422, typo.text
+        assert typo.json()["errors"][0]["pointer"] == "/priorty"
 
 
 async def test_anthropic_round_trip(database_url: str, tmp_path: Path) -> None:

@@ -51,9 +51,11 @@ OutputItem = Annotated[
 
 class ResponsesSubmission(Options):
     """OpenAI Responses output items (`response.output`, dumped), under `output` beside the task's
-    options; a bare array of them is taken too. Items other than function calls are not run."""
+    options; a bare array of them is taken too, and so is a whole `Response` as the SDK dumps it
+    (`response.model_dump()`: its other fields are not used). Items other than function calls
+    are not run."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     output: list[OutputItem] = Field(min_length=1)
 
@@ -63,6 +65,19 @@ class ResponsesDialect(Dialect):
     body = ResponsesSubmission
     calls = "output"
     call_noun = "function_call item"
+    # A `Response`'s own fields beside `output` (the SDK adds more; an unknown one passes too, and
+    # only one close to an option's name is taken for a misspelling).
+    vendor_fields = frozenset(
+        {
+            "access_programs", "background", "completed_at", "conversation", "created_at", "error",
+            "id", "image", "incomplete_details", "input_transformations", "instructions",
+            "max_output_tokens", "max_tool_calls", "metadata", "model", "moderation", "object",
+            "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_diagnostics",
+            "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
+            "safety_identifier", "service_tier", "status", "temperature", "text", "tool_choice",
+            "tool_usage", "tools", "top_logprobs", "top_p", "truncation", "usage", "user",
+        }
+    )  # fmt: skip
 
     def recognises(self, body: dict[str, Any]) -> bool:
         return "output" in body
