@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
+from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require_admin
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.identity.pools import NAME_PATTERN, PoolToken
@@ -43,9 +43,9 @@ class PoolTokenOut(BaseModel):
     connectors: list[str] | None
     tools: list[str] | None
     tenant: str | None
-    created_at: datetime | None
+    created_at: schemas.Instant | None
     created_by: str
-    revoked_at: datetime | None
+    revoked_at: schemas.Instant | None
     source: str = Field(description="'database', or 'file' (provisioned; revoke by editing it)")
 
     @classmethod
@@ -80,10 +80,12 @@ class ExecutorOut(BaseModel):
     slots: int
     leases: int = Field(description="Steps it is running now")
     version: str
-    registered_at: datetime
-    last_seen_at: datetime
-    expires_at: datetime = Field(description="When its leases go back to the queue unless it beats")
-    ended_at: datetime | None
+    registered_at: schemas.Instant
+    last_seen_at: schemas.Instant
+    expires_at: schemas.Instant = Field(
+        description="When its leases go back to the queue unless it beats"
+    )
+    ended_at: schemas.Instant | None
     end_reason: str | None
 
     @classmethod

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require_admin
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.identity.service import NAME_PATTERN, KeyInfo
@@ -28,9 +27,9 @@ class KeyOut(BaseModel):
     name: str
     tenant: str
     roles: list[str]
-    created_at: datetime
+    created_at: schemas.Instant
     created_by: str
-    revoked_at: datetime | None
+    revoked_at: schemas.Instant | None
 
     @classmethod
     def of(cls, info: KeyInfo) -> KeyOut:

@@ -12,13 +12,25 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
 
+from agent_reach.times import rfc3339
 from agent_reach_controller.settings import Environment
 from agent_reach_controller.tools.catalog import DURATION_SCHEMA
+
+# A moment in an answer: RFC 3339, UTC, `Z`, milliseconds (`agent_reach.times`), whatever the
+# row held, so every time a client reads has one shape.
+Instant = Annotated[
+    datetime,
+    PlainSerializer(rfc3339, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {"type": "string", "format": "date-time", "examples": ["2026-12-06T08:00:00.000Z"]}
+    ),
+]
 
 
 class ApprovalIn(BaseModel):
@@ -52,12 +64,12 @@ class StepOut(BaseModel):
     args: dict[str, Any]
     resolved_args: dict[str, Any] | None
     idempotency_key: str
-    run_at: datetime | None = Field(
+    run_at: Instant | None = Field(
         None, description="When the step was asked to run (`run_at`, or the submit plus `delay`)"
     )
-    not_before: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
+    not_before: Instant | None
+    started_at: Instant | None
+    finished_at: Instant | None
     receipt: dict[str, Any] | None
 
 
@@ -80,7 +92,7 @@ class PendingCall(BaseModel):
     approvers: list[str] | None = Field(
         None, description="For approval: the roles that may decide on this tool"
     )
-    decide_by: datetime | None = Field(None, description="For approval: when it expires")
+    decide_by: Instant | None = Field(None, description="For approval: when it expires")
     replies_url: str = Field(description="Where the replies are, once it has one")
 
 
@@ -122,10 +134,24 @@ class TaskUsage(BaseModel):
     duration_ms: int = Field(description="From acceptance to the end (or to now)")
 
 
+class TaskErrorOut(BaseModel):
+    """Why a task failed, at its top."""
+
+    code: str = Field(description="The failing step's error code (a stable code to switch on)")
+    message: str
+    step_id: str = Field(
+        description="The first step that failed, in plan order; for a fan-out or verified step "
+        "that failed because a child did, that child (e.g. `tell[2]`)"
+    )
+
+
 class TaskOut(BaseModel):
     task_id: str
     trace_id: str
     status: str
+    error: TaskErrorOut | None = Field(
+        None, description="Why the task failed; null unless its status is `failed`"
+    )
     goal: str | None
     source: str = Field(description="The dialect it was submitted in")
     environment: Environment = Field(
@@ -134,9 +160,9 @@ class TaskOut(BaseModel):
         "controller's): in sandbox writes go to each tool's sandbox target; in prod every write "
         "waits for approval unless its tool is exempted",
     )
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
+    created_at: Instant
+    updated_at: Instant
+    finished_at: Instant | None
     steps: list[StepOut]
     tool_messages: list[ToolMessage] | None = Field(
         None,
@@ -203,8 +229,8 @@ class TaskSummary(BaseModel):
     status: str
     principal: str = Field(description="Who submitted it")
     goal: str | None
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: Instant
+    finished_at: Instant | None
 
 
 class TaskPage(BaseModel):
@@ -239,8 +265,8 @@ class ApprovalOut(BaseModel):
         "with an approval must fit it)"
     )
     asked_by: str = Field(description="Who submitted the task")
-    asked_at: datetime | None = Field(description="When the approval was asked for")
-    decide_by: datetime = Field(description="When it expires: the step is rejected then")
+    asked_at: Instant | None = Field(description="When the approval was asked for")
+    decide_by: Instant = Field(description="When it expires: the step is rejected then")
     may_decide: bool = Field(description="The caller may approve or reject it now")
     why_not: NotDecidable | None = Field(None, description="When `may_decide` is false")
 
@@ -287,7 +313,7 @@ class BreakerOut(BaseModel):
     state: Literal["closed", "open", "half_open"]
     calls: int = Field(description="Calls in the current window")
     failures: int = Field(description="Failures among them")
-    opened_at: datetime | None
+    opened_at: Instant | None
 
 
 class ToolUsageOut(BaseModel):
@@ -309,7 +335,7 @@ class EventOut(BaseModel):
     to_status: str | None
     attempt: int | None
     data: dict[str, Any] | None
-    created_at: datetime
+    created_at: Instant
 
 
 class EventPage(BaseModel):
@@ -378,7 +404,7 @@ class StepOutput(BaseModel):
 
 
 class MomentOut(BaseModel):
-    at: datetime
+    at: Instant
     kind: str
     step_id: str | None
     attempt: int | None

@@ -8,7 +8,6 @@ tool's revision and `If-Match` makes a write conditional on it (412 when it move
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -16,6 +15,7 @@ from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent_reach.times import rfc3339
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, ForbiddenError, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
@@ -108,7 +108,7 @@ class ToolOut(BaseModel):
     revision: int
     enabled: bool
     updated_by: str
-    updated_at: datetime
+    updated_at: schemas.Instant
 
 
 class Catalogue(BaseModel):
@@ -121,7 +121,7 @@ class ToolChangeOut(BaseModel):
     action: str
     version: str | None
     principal: str
-    at: datetime
+    at: schemas.Instant
 
 
 class ToolHistory(BaseModel):
@@ -158,7 +158,7 @@ def _out(head: ToolHead) -> dict[str, Any]:
         "version": head.spec.version,
         "revision": head.revision,
         "updated_by": head.updated_by,
-        "updated_at": head.updated_at.isoformat(),
+        "updated_at": rfc3339(head.updated_at),
     }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent_reach.ids import new_task_id, new_trace_id
 from agent_reach.states import TaskStatus
+from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import problem_responses
 from agent_reach_controller.api.tasks import (
@@ -65,8 +65,8 @@ class TriggerOut(BaseModel):
     url: str = Field(description="Where to POST signed events")
     template_sha256: str
     secret_fingerprint: str = Field(description="Tells two secrets apart; never the secret")
-    created_at: datetime
-    updated_at: datetime
+    created_at: schemas.Instant
+    updated_at: schemas.Instant
     updated_by: str
     template: dict[str, Any] | None = None
     secret: str | None = Field(
@@ -103,7 +103,7 @@ class TriggerVersionOut(BaseModel):
     template: dict[str, Any]
     sha256: str
     created_by: str
-    created_at: datetime
+    created_at: schemas.Instant
 
 
 class TriggerList(BaseModel):

@@ -49,6 +49,7 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
         task_id=task.task_id,
         trace_id=task.trace_id,
         status=task.status,
+        error=_error(view),
         goal=task.goal,
         source=task.source,
         environment=task.environment,
@@ -61,6 +62,13 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
         caps=_caps(view),
         usage=_usage(view),
     )
+
+
+def _error(view: TaskView) -> schemas.TaskErrorOut | None:
+    error = view.error
+    if error is None:
+        return None
+    return schemas.TaskErrorOut(code=error.code, message=error.message, step_id=error.step_id)
 
 
 def _caps(view: TaskView) -> dict[str, schemas.CapUse] | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, target
+from agent_reach.times import rfc3339
 from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
 from agent_reach_controller.planning import argmap, fanout, verify
@@ -237,7 +238,7 @@ def _unblock(
         values["concurrency_key"] = concurrency_key(tool, resolved)
     said: dict[str, Any] = {}
     if step.run_at is not None:
-        said["run_at"] = step.run_at.isoformat()
+        said["run_at"] = rfc3339(step.run_at)
     if mapped is not None:
         said["mapped_args"] = mapped  # what the executor will be given
     return StepChange(
@@ -309,7 +310,7 @@ def _record(
         "step_id": child.step_id,
         "status": status.value,
         "attempts": child.attempt,
-        "done_at": done_at or (finished_at.isoformat() if finished_at else None),
+        "done_at": done_at or (rfc3339(finished_at) if finished_at else None),
         "error": {"code": error.get("code"), "message": error.get("message")} if error else None,
         "output": output,
     }

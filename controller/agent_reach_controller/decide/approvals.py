@@ -20,6 +20,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition
+from agent_reach.times import rfc3339
 from agent_reach_controller.decide.outcomes import Decision, terminal_values
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
@@ -42,7 +43,7 @@ def request_values(
             "tool": step.tool,
             "tool_version": step.tool_version,
             "args_hash": args_hash(resolved),
-            "requested_at": now.isoformat(),
+            "requested_at": rfc3339(now),
         },
         "decide_by": max(now, due or now) + ttl,
     }
@@ -112,7 +113,7 @@ def decided(  # noqa: PLR0913 - one decision's facts, all by keyword
         message = f"rejected by {by}" + (f": {reason}" if reason else "")
         error = {"code": ErrorCode.REJECTED.value, "message": message, "retryable": False}
         ended = terminal_values(step, tool=tool, transition=Transition.REJECT, now=now, error=error)
-        ended["approval"] = approval | {"decision": "rejected", "by": by, "at": now.isoformat()}
+        ended["approval"] = approval | {"decision": "rejected", "by": by, "at": rfc3339(now)}
         ended["decide_by"] = None
         return StepChange(
             step=step,
@@ -125,7 +126,7 @@ def decided(  # noqa: PLR0913 - one decision's facts, all by keyword
     approval |= {
         "decision": "approved",
         "by": by,
-        "at": now.isoformat(),
+        "at": rfc3339(now),
         "args_hash": args_hash(final),
     }
     values: dict[str, Any] = {"approval": approval, "decide_by": None}

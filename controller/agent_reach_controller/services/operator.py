@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_reach.errors import ErrorCode
 from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepStatus, Transition
+from agent_reach.times import rfc3339
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import decide_resolution, start_by, terminal_values
 from agent_reach_controller.planning import argmap, fanout
@@ -284,7 +285,7 @@ class OperatorService:
                         step_id=step.step_id,
                         kind="reschedule",
                         attempt=step.attempt,
-                        data={"run_at": data.run_at.isoformat(), "by": data.by},
+                        data={"run_at": rfc3339(data.run_at), "by": data.by},
                         created_at=tx.now,
                     )
                 ],
@@ -294,7 +295,7 @@ class OperatorService:
                 tenant=data.tenant,
                 action="step.reschedule",
                 target=f"task:{data.task_id}/step:{data.step_id}",
-                data={"run_at": data.run_at.isoformat()},
+                data={"run_at": rfc3339(data.run_at)},
             )
             tx.wake(connectors=[step.connector])  # pollers learn the new next due time
             return await read_view(tx.conn, data.task_id)
@@ -330,5 +331,5 @@ async def _step_of(tx: TaskWork, task_id: str, step_id: str) -> StepRow:
 
 def deadline_error(deadline: datetime) -> dict[str, Any]:
     """The receipt of a step ended because its task's deadline passed."""
-    message = f"the task's deadline ({deadline.isoformat(timespec='seconds')}) passed"
+    message = f"the task's deadline ({rfc3339(deadline)}) passed"
     return {"code": ErrorCode.DEADLINE_EXCEEDED.value, "message": message, "retryable": False}

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from agent_reach.states import TERMINAL_TASK_STATES
+from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus
+from agent_reach_controller.planning.fanout import parent_of
 from agent_reach_controller.services.caps import task_usage
 from agent_reach_controller.storage import listings
 from agent_reach_controller.storage import steps as store
@@ -34,11 +35,56 @@ class StepNotFoundError(LookupError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskError:
+    """Why a task failed, at its top: the step that failed first, its code and message."""
+
+    code: str
+    message: str
+    step_id: str
+
+
+# A step in one of these ended a task `failed` (`derive_task_status`).
+_FAILING = frozenset({StepStatus.FAILED, StepStatus.REJECTED})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskView:
     task: TaskRow
     steps: list[StepRow]
     usage: dict[str, float] | None = None  # what the task used of each capped class
     tool_calls: int = 0  # attempts handed to executors so far
+
+    @property
+    def error(self) -> TaskError | None:
+        """Why the task failed; None unless it did.
+
+        The first failing step in plan order (a failed dependency skips its dependants, so
+        that is the cause, not a consequence). A fan-out or verified step fails because its
+        children did: then its first failing child is named, with the child's own code and
+        message (`tell[2]`, "connection refused"), which says what to fix; the step's own
+        receipt still counts how many targets succeeded. A step failed on its own (a verified
+        write whose check did not hold) is named itself.
+        """
+        if self.task.status != TaskStatus.FAILED:
+            return None
+        failing = sorted((s for s in self.steps if s.status in _FAILING), key=_plan_order)
+        if not failing:
+            return None
+        first = failing[0]
+        children = [s for s in failing if parent_of(s.step_id) == first.step_id]
+        culprit = children[0] if children else first
+        error = culprit.error or {}
+        return TaskError(
+            code=str(error.get("code") or culprit.status.value),
+            message=str(error.get("message") or f"step {culprit.step_id!r} {culprit.status}"),
+            step_id=culprit.step_id,
+        )
+
+
+def _plan_order(step: StepRow) -> tuple[int, int]:
+    """Children come after every step of the plan (`fanout.split`); a failed child ranks
+    after the step it belongs to, which fails with it."""
+    return (1 if parent_of(step.step_id) is not None else 0, step.position)
 
 
 async def read_view(conn: Connection, task_id: str) -> TaskView:

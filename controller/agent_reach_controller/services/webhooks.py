@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 from standardwebhooks.webhooks import Webhook
 
+from agent_reach.times import rfc3339
 from agent_reach_controller.storage import webhooks as outbox
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.records import StepChange, TaskRow
@@ -77,7 +78,7 @@ def approval_request(change: StepChange, task: TaskRow) -> dict[str, Any]:
         "environment": step.environment,
         "trace_id": task.trace_id,
         "requested_at": approval["requested_at"],
-        "decide_by": decide_by.isoformat(),
+        "decide_by": rfc3339(decide_by),
         "decide_at": f"/v1/tasks/{step.task_id}/steps/{step.step_id}/approval",
     }
 
@@ -91,7 +92,7 @@ def task_finished(task: TaskRow) -> dict[str, Any]:
         "source": task.source,
         "tenant": task.tenant,
         "trace_id": task.trace_id,
-        "finished_at": task.finished_at.isoformat() if task.finished_at else None,
+        "finished_at": rfc3339(task.finished_at) if task.finished_at else None,
         "task_url": f"/v1/tasks/{task.task_id}",
         "replies_url": None if task.source == "plan" else f"/v1/tasks/{task.task_id}/replies",
     }

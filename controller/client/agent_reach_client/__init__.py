@@ -3,7 +3,7 @@
 from agent_reach_client._async import AsyncClient
 from agent_reach_client._sync import Client
 from agent_reach_client.errors import PendingCalls, ProblemError
-from agent_reach_client.types import Accepted, Event, PendingCall, Task, Turn
+from agent_reach_client.types import Accepted, Event, PendingCall, Task, TaskError, Turn
 
 __all__ = [
     "Accepted",
@@ -14,5 +14,6 @@ __all__ = [
     "PendingCalls",
     "ProblemError",
     "Task",
+    "TaskError",
     "Turn",
 ]

@@ -40,10 +40,19 @@ class Step(TypedDict):
     receipt: dict[str, Any] | None
 
 
+class TaskError(TypedDict):
+    """Why a task failed: the first step that failed (a fan-out step's failing child)."""
+
+    code: str
+    message: str
+    step_id: str
+
+
 class Task(TypedDict):
     task_id: str
     trace_id: str
     status: str
+    error: NotRequired[TaskError | None]  # null unless failed (absent from older controllers)
     source: str
     environment: NotRequired[str]  # dev, sandbox or prod (absent from older controllers)
     steps: list[Step]
