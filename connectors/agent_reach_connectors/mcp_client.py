@@ -56,7 +56,30 @@ MAX_ERROR_TEXT = 500
 # server sends back (an echoed credential, a customer's data) must not reach the executor's
 # logs, whatever level they are kept at. Its warnings and errors still do.
 logging.getLogger("mcp.client").setLevel(logging.INFO)
+
+
+class _NoTraceback(logging.Filter):
+    """A server that answers garbage is an expected event, not a crash: the SDK's transports log
+    it with a traceback (and the reply's text), then hand the error to the session, where the
+    connector classifies it and the executor logs one line. Here it keeps one line, at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = record.getMessage()
+        if record.exc_info is None and not said.startswith(_UNEXPECTED_TYPE):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg = f"{said} ({type(exc).__name__})" if exc else said
+        record.args, record.exc_info, record.exc_text = None, None, None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+# A logger's filter sees only its own records: each module of the SDK's client that logs one.
+for _name in ("streamable_http", "sse", "stdio", "session", "client"):
+    logging.getLogger(f"mcp.client.{_name}").addFilter(_NoTraceback())
 _MAX_PAGES = 100
+# How the SDK's transport says a reply was not JSON or SSE.
+_UNEXPECTED_TYPE = "Unexpected content type:"
 _CLIENT = types.Implementation(name="agent-reach", version="0.1.0")
 _T = TypeVar("_T")
 Streams = tuple[Any, Any]
@@ -250,11 +273,30 @@ def _session_error(leaves: list[BaseException], doing: str, phase: str) -> Conne
     if lost:
         said = f"{doing}: the connection was lost" + ("; it may have been applied" if sent else "")
         return ConnectorError(ErrorCode.CONNECTION_ERROR, said, maybe_applied=sent)
+    if errors and (garbage := _not_json_rpc(errors[0])):
+        said = f"{doing} answered the {phase} with {garbage}, not JSON-RPC"
+        if sent:
+            said += "; it may have been applied"
+        return ConnectorError(
+            ErrorCode.DOWNSTREAM_REJECTED, said, retryable=False, maybe_applied=sent
+        )
     if errors:
-        said = f"{doing} refused the {phase}: {errors[0].message[:MAX_ERROR_TEXT]}"
+        text = " ".join(errors[0].message.split())[:MAX_ERROR_TEXT]
+        said = f"{doing} refused the {phase}: {text}"
         return ConnectorError(ErrorCode.DOWNSTREAM_REJECTED, said, retryable=False)
     said = f"{doing}: the MCP session failed during the {phase} ({type(leaves[0]).__name__})"
     return ConnectorError(ErrorCode.DOWNSTREAM_REJECTED, said, retryable=False, maybe_applied=sent)
+
+
+def _not_json_rpc(error: MCPError) -> str | None:
+    """What a reply that is not JSON-RPC was, from the error the SDK's transport made of it; None
+    for an error the server itself sent."""
+    if error.message.startswith(_UNEXPECTED_TYPE):
+        kind = error.message[len(_UNEXPECTED_TYPE) :].split(";")[0].strip()[:60]
+        return f"a {kind or 'untyped'} reply"
+    if error.code != types.PARSE_ERROR:
+        return None
+    return "invalid JSON" if "json_invalid" in error.message else "JSON of another shape"
 
 
 def _status_error(doing: str, status: int, retry_after: float | None) -> ConnectorError:

@@ -111,18 +111,17 @@ class StepRunner:
             finished_at_ms=self._clock(),
             throttle_s=_seconds(throttle),
         )
-        log.debug(
-            "step %s/%s finished: %s in %d ms",
-            assignment.task_id,
-            assignment.step_id,
-            "succeeded" if failure is None else f"failed ({failure.code})",
-            result.finished_at_ms - started,
-            extra={
-                **assignment.log_extra("step_finished"),
-                "outcome": "succeeded" if failure is None else "failed",
-                "error_code": None if failure is None else failure.code,
-            },
-        )
+        elapsed = result.finished_at_ms - started
+        if failure is None:
+            log.debug(
+                "step %s/%s finished: succeeded in %d ms",
+                assignment.task_id,
+                assignment.step_id,
+                elapsed,
+                extra={**assignment.log_extra("step_finished"), "outcome": "succeeded"},
+            )
+        else:
+            _log_failure(assignment, failure, elapsed)
         return result
 
     async def _invoke(self, assignment: Assignment) -> tuple[bytes, Any]:
@@ -346,6 +345,29 @@ def _from_connector_error(exc: ConnectorError) -> StepFailure:
         retryable=bool(exc.retryable),
         retry_after_s=retry_after,
         maybe_applied=bool(exc.maybe_applied),
+    )
+
+
+def _log_failure(assignment: Assignment, failure: StepFailure, elapsed_ms: int) -> None:
+    """One line for a failed attempt: a downstream's refusal or garbage is an expected event, not
+    a traceback. Its message is the receipt's (a connector keeps secrets out of it), on one line;
+    a permanent failure is a warning."""
+    message = " ".join(failure.message.split())[:500]
+    log.log(
+        logging.INFO if failure.retryable else logging.WARNING,
+        "step %s/%s failed: %s %s in %d ms: %s",
+        assignment.task_id,
+        assignment.step_id,
+        assignment.tool,
+        failure.code,
+        elapsed_ms,
+        message,
+        extra={
+            **assignment.log_extra("step_finished"),
+            "outcome": "failed",
+            "error_code": failure.code,
+            "retryable": failure.retryable,
+        },
     )
 
 

@@ -59,5 +59,5 @@ def configure_logging(*, fmt: str = "json", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access", "httpx", "httpcore", "aiosqlite", "alembic"):
+    for noisy in ("uvicorn.access", "httpx", "httpx2", "httpcore", "aiosqlite", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -12,6 +12,7 @@ import pytest
 
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_connectors.base import ConnectorError, Throttled, ToolCall
+from agent_reach_connectors.mcp_client import McpConnector
 from agent_reach_executor.client import (
     Assignment,
     LeaseKey,
@@ -21,6 +22,7 @@ from agent_reach_executor.client import (
 )
 from agent_reach_executor.runner import StepRunner
 from tests.executor.fake_controller import FnConnector
+from tests.support.sink import Response, Sink
 
 CANARY = "canary-b41d-secret"
 
@@ -388,3 +390,38 @@ async def test_the_catalogues_idempotent_flag_reaches_the_connector(idempotent: 
     connector = FnConnector("fn", record)
     assert (await StepRunner({"fn": connector}).run(assignment_from_proto(wire))).succeeded
     assert connector.calls[0].idempotent is idempotent
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (Response(json={"hello": "world"}), "answered the initialize with JSON of another shape"),
+        (Response(body="{not json", content_type="application/json"), "with invalid JSON"),
+        (Response(body="<html>", content_type="text/html"), "with a text/html reply"),
+    ],
+)
+async def test_a_downstreams_garbage_is_one_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture, reply: Response, said: str
+) -> None:
+    """An MCP server answering something that is not JSON-RPC fails the step cleanly and says so
+    in one line naming the tool and the step (issue 28)."""
+    caplog.set_level(logging.INFO)
+    with Sink() as sink:
+        sink.script("/mcp", [reply])
+        config = {"url": f"{sink.url}/mcp", "tool": "add", "allow_hosts": ["127.0.0.1"]}
+        runner = StepRunner({"mcp": McpConnector()})
+        result = await runner.run(
+            assignment(connector="mcp", tool="remote.add", config_json=json.dumps(config).encode())
+        )
+    assert result.failure is not None
+    assert result.failure.code == "downstream_rejected"
+    assert said in result.failure.message
+    assert "\n" not in result.failure.message
+    assert not [r for r in caplog.records if r.exc_info], "no traceback in the log"
+    assert "Traceback" not in caplog.text
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(loud) == 1, [r.getMessage() for r in loud]
+    line = loud[0].getMessage()
+    assert "task-9/lookup" in line
+    assert "remote.add" in line
+    assert said in line
