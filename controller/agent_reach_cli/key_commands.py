@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from agent_reach_cli.process_commands import _ensure_sqlite_dir, _given
+from agent_reach_cli.process_commands import _given, prepare_database
 
 
 async def on_database(args: argparse.Namespace, use: Any) -> Any:
@@ -22,7 +22,7 @@ async def on_database(args: argparse.Namespace, use: Any) -> Any:
 
     settings = ControllerSettings(**_given(args, "database_url"))
     url = settings.database_url.get_secret_value()
-    _ensure_sqlite_dir(url)
+    prepare_database(url)
     db = Database(url)
     try:
         return await use(db, settings)
@@ -38,8 +38,10 @@ async def _with_keys(args: argparse.Namespace, use: Any) -> Any:
 
 def create(args: argparse.Namespace) -> int:
     from agent_reach_controller.identity.policy import load as load_policy
+    from agent_reach_controller.settings import ControllerSettings
 
-    policy = load_policy(args.policy)
+    # --policy, else the controller's own (AGENT_REACH_CONTROLLER_POLICY), else the default.
+    policy = load_policy(ControllerSettings(**_given(args, "policy")).policy)
     unknown = sorted(set(args.role) - set(policy.roles))
     if unknown:
         print(f"reach: unknown roles: {', '.join(unknown)}", file=sys.stderr)
@@ -104,7 +106,11 @@ def add_parsers(sub: Any) -> None:
             p.add_argument(
                 "--role", action="append", required=True, help="a role of the policy (repeatable)"
             )
-            p.add_argument("--policy", help="the policy YAML the controller uses (to check roles)")
+            p.add_argument(
+                "--policy",
+                help="the policy YAML the controller uses, to check the roles "
+                "(AGENT_REACH_CONTROLLER_POLICY)",
+            )
         elif name == "list":
             p.add_argument("--tenant", help="only this tenant's keys")
         else:

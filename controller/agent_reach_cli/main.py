@@ -13,6 +13,7 @@ from agent_reach_cli import (
     client_commands,
     demo,
     executor_commands,
+    failures,
     health,
     key_commands,
     process_commands,
@@ -199,9 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command `argv` names; what stops it is said in one line (`failures.run`)."""
     args: Any = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    return handler(args)
+    return failures.run(handler, args)
 
 
 if __name__ == "__main__":

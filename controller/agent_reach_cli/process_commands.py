@@ -15,6 +15,7 @@ from typing import Any
 from agent_reach.addresses import ListenError
 from agent_reach.logs import configure_logging
 from agent_reach.telemetry import configure_tracing, flush_tracing
+from agent_reach_cli.failures import CommandError
 
 DEV_DATABASE = "sqlite:///.reach/dev.db"
 
@@ -81,6 +82,7 @@ def controller(args: argparse.Namespace) -> int:
     from agent_reach_controller.server import serve
 
     settings = _controller_settings(args)
+    prepare_database(settings.database_url.get_secret_value())
     configure_logging(fmt=settings.log_format, level=settings.log_level)
     if settings.workers > 1:
         from agent_reach_cli.workers import supervise
@@ -129,12 +131,24 @@ def migrate(args: argparse.Namespace) -> int:
     configure_logging(fmt="text")
     settings = ControllerSettings(**_given(args, "database_url"))
     url = settings.database_url.get_secret_value()
-    _ensure_sqlite_dir(url)
+    prepare_database(url)
     if args.downgrade:
         migrations.downgrade(url, args.revision)
     else:
         migrations.upgrade(url, args.revision)
     return 0
+
+
+def prepare_database(url: str) -> None:
+    """Refuse a URL the storage layer cannot use (CommandError, without the URL: it may hold a
+    password), and make a SQLite file's folder."""
+    from agent_reach_controller.storage.engine import normalize_url
+
+    try:
+        normalize_url(url)
+    except Exception as exc:  # ValueError, or SQLAlchemy's ArgumentError for a non-URL
+        raise CommandError(f"the database URL cannot be used: {exc}") from None
+    _ensure_sqlite_dir(url)
 
 
 def _ensure_sqlite_dir(url: str) -> None:
@@ -153,7 +167,7 @@ def dev(args: argparse.Namespace) -> int:
     if args.demo:
         overrides["tools"] = [*(args.tools or []), demo.TOOLS_FILE]
     settings = _controller_settings(args, **overrides)
-    _ensure_sqlite_dir(settings.database_url.get_secret_value())
+    prepare_database(settings.database_url.get_secret_value())
     configure_logging(fmt=settings.log_format, level=settings.log_level)
     configure_tracing("agent-reach")
     return _run(lambda stop: run_dev(settings, slots=args.slots, demo_mode=args.demo, stop=stop))
