@@ -9,15 +9,16 @@ calls/s on httpx (8 clients); 4,000-7,000 on aiohttp with one session, depending
 the machine runs (~150-200 us of client CPU per call, ~20 of them ours). httpx's request and
 response models alone cost half the budget, so none are used here.
 
-Where a call may go (SSRF): the connector resolves the host itself, checks every address against
-`netguard` (and the tool's `allow_hosts`), then connects to the checked address only: the URL's
-host is rewritten to it, the Host header keeps the name, and over https the name goes as SNI and
-is what the certificate must match. aiohttp is only ever given address literals (its own
-resolver refuses every name), so a second DNS answer is never asked for and cannot be used (DNS
-rebinding). Redirects are followed here, hop by hop, each one checked the same way. aiohttp keys
-a pooled connection by address, port, TLS context and server name, so a connection verified for
-one name is never reused for another on the same address. No cookie jar (one tool's cookies
-never reach another call) and no proxy from the environment.
+Where a call may go: a tool that lists `destinations` reaches those hosts only, matched by name
+before any lookup and again on every redirect hop. Then (SSRF) the connector resolves the host
+itself, checks every address against `netguard` (and the tool's `allow_hosts`), then connects to the
+checked address only: the URL's host is rewritten to it, the Host header keeps the name, and over
+https the name goes as SNI and is what the certificate must match. aiohttp is only ever given
+address literals (its own resolver refuses every name), so a second DNS answer is never asked for
+and cannot be used (DNS rebinding). Redirects are followed here, hop by hop, each one checked the
+same way. aiohttp keys a pooled connection by address, port, TLS context and server name, so a
+connection verified for one name is never reused for another on the same address. No cookie jar (one
+tool's cookies never reach another call) and no proxy from the environment.
 
 Nothing is sent twice unless the tool is declared idempotent: aiohttp resends a GET, HEAD,
 OPTIONS, PUT or DELETE whose connection closed before any answer, and the server may have
@@ -49,6 +50,7 @@ from opentelemetry.trace import Span, SpanKind
 from yarl import URL
 
 from agent_reach import telemetry
+from agent_reach.destinations import Destinations
 from agent_reach.errors import ErrorCode
 from agent_reach.ids import parse_traceparent
 from agent_reach_connectors import netguard
@@ -66,6 +68,7 @@ from agent_reach_connectors.http_request import (
     secret_headers,
     secret_strings,
     success_statuses,
+    url_destinations,
 )
 from agent_reach_connectors.throttling import parse_retry_after, quota_reset
 
@@ -305,6 +308,11 @@ def _refused(tool: str, what: str, reason: str, *, allowable: bool = True) -> Co
     )
 
 
+def not_listed(tool: str, what: str, host: str) -> ConnectorError:
+    """The error for a destination the tool's `destinations` do not list (never retried)."""
+    return _refused(tool, what, f"{host} is not one of the tool's destinations", allowable=False)
+
+
 @dataclass(frozen=True, slots=True)
 class _Destination:
     """Where one hop goes: its checked addresses, and the name TLS must verify (https only)."""
@@ -335,6 +343,9 @@ class HttpConnector:
     (seconds, default the call's timeout); `success_statuses` (default: any 2xx);
     `allow_hosts` (hosts, `*.suffix` wildcards, addresses or CIDRs, each optionally with
     `:port`, that may be reached although they are not public: see `netguard`);
+    `destinations` (the only hosts it may reach: names, `*.suffix`, addresses; see
+    `agent_reach.destinations`; required when an argument reaches the URL's scheme, host or
+    port, and matched by name before any lookup, on every redirect hop too);
     `max_redirects` (default 5; 0 makes a 3xx an unsuccessful answer).
     `${env:NAME}` references in the config are resolved here, at invoke time on the executor.
 
@@ -412,13 +423,22 @@ class HttpConnector:
         return self._session
 
     async def _destination(
-        self, tool: str, url: URL, allow: netguard.Allowlist, what: str, wait: float
+        self,
+        tool: str,
+        url: URL,
+        allow: netguard.Allowlist,
+        what: str,
+        wait: float,
+        listed: Destinations | None,
     ) -> _Destination:
-        """Check where `url` leads, resolving its host once; refuse it before any connection."""
+        """Check where `url` leads, resolving its host once; refuse it before any connection.
+        A host the tool's `destinations` do not list is refused by name, never looked up."""
         reason = netguard.check_scheme(url.scheme)
         if reason is not None:
             raise _refused(tool, what, reason, allowable=False)
         name = netguard.normalize_host(url.raw_host or "")
+        if listed is not None and not listed.admits_host(name, netguard.parse_ip(name)):
+            raise not_listed(tool, what, name)
         port = url.port or netguard.DEFAULT_PORTS[url.scheme]
         addresses = await self.check_destination(tool, name, port, allow, what=what, wait=wait)
         tls_name = url.scheme == "https" and netguard.parse_ip(name) is None
@@ -474,9 +494,11 @@ class HttpConnector:
         *,
         what: str,
         where: str,
+        listed: Destinations | None = None,
     ) -> aiohttp.ClientResponse:
         """Check the request's destination, then send it to a checked address (the next one
         only if connecting to the previous failed, so nothing was sent). No redirect is followed.
+        `listed`: the tool's `destinations`, when it has them (checked before any lookup).
 
         The answer is the caller's to read and release. Failures are classified as `invoke`'s
         are: `what` names the destination in a refusal, `where` in a failed send (neither may
@@ -484,7 +506,7 @@ class HttpConnector:
         """
         url = request.url
         wait = request.timeout.sock_connect or CONNECT_TIMEOUT_CAP
-        destination = await self._destination(tool, url, allow, what, wait)
+        destination = await self._destination(tool, url, allow, what, wait, listed)
         session = self._open_session()
         last = len(destination.addresses)
         for index, address in enumerate(destination.addresses, start=1):
@@ -545,6 +567,7 @@ class HttpConnector:
         """Send `request` and follow its redirects (each hop checked); the answer's output."""
         success = success_statuses(call.tool, call.config)
         allow = allowlist(call.tool, call.config)
+        listed = url_destinations(call.tool, call.config)
         redirects = max_redirects(call.tool, call.config)
         applied = False  # a write redirected as a GET may have been applied already
         try:
@@ -553,7 +576,7 @@ class HttpConnector:
                 where = safe_url(request.url)
                 what = where if hop == 0 else f"the redirect to {where}"
                 response = await self.open_request(
-                    call.tool, request, allow, what=what, where=where
+                    call.tool, request, allow, what=what, where=where, listed=listed
                 )
                 try:
                     status = response.status

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,13 +13,14 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from agent_reach.destinations import PLACEHOLDER, Destinations, destination_from_arguments
 from agent_reach.errors import ErrorCode
 from agent_reach_connectors import netguard
 from agent_reach_connectors.base import _SECRET_REF, ConnectorError, ToolCall, resolve_secrets
 
 # One encoder for every call: `json.dumps` with separators builds a new one each time.
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = PLACEHOLDER
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BODY_MODES = frozenset({"auto", "none", "json"})
 CONNECT_TIMEOUT_CAP = 10.0
@@ -225,6 +225,43 @@ def allowlist(tool: str, config: Mapping[str, Any]) -> netguard.Allowlist:
         return _parsed_allowlist(tuple(raw))
     except ValueError as exc:
         raise misconfigured(tool, f"config.{exc}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_destinations(entries: tuple[str, ...]) -> Destinations:
+    return Destinations.parse(entries)
+
+
+def destinations(tool: str, config: Mapping[str, Any]) -> Destinations | None:
+    """Where the tool may send (`destinations`: host names, `*.suffix`, addresses, `@domain`);
+    None when it lists none: anywhere the SSRF guard admits."""
+    raw = config.get("destinations")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or not all(isinstance(e, str) for e in raw):
+        raise misconfigured(tool, "config.destinations must be a non-empty list of hosts")
+    try:
+        return _parsed_destinations(tuple(raw))
+    except ValueError as exc:
+        raise misconfigured(tool, f"config.{exc}") from None
+
+
+def required_destinations(tool: str, config: Mapping[str, Any], *, why: str) -> Destinations:
+    """The tool's `destinations`, which it must list because `why` (its destination comes
+    from its arguments): without them every call is refused."""
+    listed = destinations(tool, config)
+    if listed is None:
+        raise misconfigured(tool, f"config.destinations is not set, and {why}")
+    return listed
+
+
+def url_destinations(tool: str, config: Mapping[str, Any]) -> Destinations | None:
+    """An http tool's `destinations`: required when an argument reaches the URL's host."""
+    url = config.get("url")
+    if isinstance(url, str) and destination_from_arguments(url):
+        why = "an argument of the url reaches its scheme, host or port"
+        return required_destinations(tool, config, why=why)
+    return destinations(tool, config)
 
 
 def max_redirects(tool: str, config: Mapping[str, Any]) -> int:

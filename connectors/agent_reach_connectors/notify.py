@@ -7,12 +7,14 @@ be sent again. Slack and SMTP cannot deduplicate: a failure before the message c
 accepted is an ordinary error, one after it went out with no answer read says it may have been
 delivered (`maybe_applied`), and the controller does not send it blindly again.
 
-Every destination passes the http connector's SSRF guard, which this module reuses rather than
-restates: webhook and Slack URLs (they come from the model) go through `HttpConnector.
-open_request` (scheme, resolve once, `netguard`, `allow_hosts`, connect to the checked address,
-no redirect, no proxy from the environment), and the SMTP host through `check_destination`, after
-which the socket is connected here to a checked address and handed to aiosmtplib, with the
-configured name kept for TLS (SNI and certificate check, implicit or after STARTTLS).
+Every target must be listed in the tool's `destinations` (a URL's host by name, an email's domain as
+`@domain`), checked before any lookup. Then every destination passes the http connector's SSRF
+guard, which this module reuses rather than restates: webhook and Slack URLs (they come from the
+model) go through `HttpConnector.open_request` (scheme, resolve once, `netguard`, `allow_hosts`,
+connect to the checked address, no redirect, no proxy from the environment), and the SMTP host
+through `check_destination`, after which the socket is connected here to a checked address and
+handed to aiosmtplib, with the configured name kept for TLS (SNI and certificate check, implicit or
+after STARTTLS).
 """
 
 from __future__ import annotations
@@ -32,10 +34,16 @@ from multidict import CIMultiDict
 from standardwebhooks.webhooks import Webhook
 from yarl import URL
 
+from agent_reach.destinations import Destinations
 from agent_reach.errors import ErrorCode
 from agent_reach_connectors.base import ConnectorError, ToolCall, resolve_secrets
-from agent_reach_connectors.http import HttpConnector, Redactor, Resolver, safe_url
-from agent_reach_connectors.http_request import CONNECT_TIMEOUT_CAP, HttpRequest, misconfigured
+from agent_reach_connectors.http import HttpConnector, Redactor, Resolver, not_listed, safe_url
+from agent_reach_connectors.http_request import (
+    CONNECT_TIMEOUT_CAP,
+    HttpRequest,
+    misconfigured,
+    required_destinations,
+)
 from agent_reach_connectors.http_request import allowlist as parse_allowlist
 from agent_reach_connectors.netguard import Allowlist
 from agent_reach_connectors.smtp import Email, SmtpSettings, is_address, send_email, smtp_settings
@@ -48,6 +56,7 @@ _ERROR_TEXT_BYTES = 512
 # ASCII JSON: any text (a lone surrogate too) encodes, and the bytes signed are the bytes sent.
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+_TARGETS_ARE_ARGUMENTS = "a notify tool's targets come from its arguments"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +68,7 @@ class _Note:
     subject: str | None
     timeout: float
     allow: Allowlist
+    listed: Destinations
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +89,13 @@ class NotifyConnector:
     `port` (587), `starttls` (true; false, or "tls" for implicit TLS), `username`, `password`,
     `from`, `timeout`; `Message-ID` derived from the idempotency key).
 
-    Config: `webhook_secret`, `smtp`, `allow_hosts` (as the http connector reads it: the
-    non-public destinations that may be reached) and `timeout` (seconds per wait, default 10,
-    never more than the call's). `${env:NAME}` references are resolved at invoke time; no secret
-    reaches an output or an error message. The output names the channel, the target as it may
-    be shown, `delivered_at`, the HTTP status or SMTP reply code, and the message id.
+    Config: `webhook_secret`, `smtp`, `destinations` (required: the only targets it may reach, host
+    names, `*.suffix` and addresses for webhook and Slack URLs, `@domain` and `@*.suffix` for email
+    recipients, matched before any lookup), `allow_hosts` (as the http connector reads it: the
+    non-public destinations that may be reached) and `timeout` (seconds per wait, default 10, never
+    more than the call's). `${env:NAME}` references are resolved at invoke time; no secret reaches
+    an output or an error message. The output names the channel, the target as it may be shown,
+    `delivered_at`, the HTTP status or SMTP reply code, and the message id.
 
     `resolver` (tests) replaces the system's getaddrinfo and `verify` the system's CAs, for
     HTTPS and SMTP alike.
@@ -181,6 +193,9 @@ class NotifyConnector:
         self, call: ToolCall, note: _Note, target: Mapping[str, Any]
     ) -> dict[str, Any]:
         to = _recipient(note.tool, target.get("to"))
+        if not note.listed.admits_recipient(to):
+            domain = to.rpartition("@")[2].lower()
+            raise not_listed(note.tool, f"the email to {to}", f"@{domain}")
         settings: SmtpSettings = smtp_settings(note.tool, call.config)
         wait = min(note.timeout, settings.timeout or note.timeout)
         digest = hashlib.sha256(call.idempotency_key.encode()).hexdigest()[:32]
@@ -211,7 +226,7 @@ class NotifyConnector:
     async def _send(self, note: _Note, request: HttpRequest, *, what: str, where: str) -> _Answer:
         """POST through the http connector's guard; the answer's status (and reason if not 2xx)."""
         response = await self._http.open_request(
-            note.tool, request, note.allow, what=what, where=where
+            note.tool, request, note.allow, what=what, where=where, listed=note.listed
         )
         try:
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
@@ -235,7 +250,15 @@ def _read_call(call: ToolCall) -> tuple[_Note, Mapping[str, Any]]:
         raise misconfigured(tool, "config.timeout must be a positive number of seconds")
     timeout = min(float(raw), call.timeout_s) if call.timeout_s > 0 else float(raw)
     allow = parse_allowlist(tool, call.config)
-    note = _Note(tool=tool, message=message, subject=subject or None, timeout=timeout, allow=allow)
+    listed = required_destinations(tool, call.config, why=_TARGETS_ARE_ARGUMENTS)
+    note = _Note(
+        tool=tool,
+        message=message,
+        subject=subject or None,
+        timeout=timeout,
+        allow=allow,
+        listed=listed,
+    )
     return note, target
 
 

@@ -6,6 +6,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from agent_reach_connectors import ToolCall
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -24,6 +26,14 @@ class Resolver:
         if host not in self.answers:
             raise socket.gaierror(socket.EAI_NONAME, "unknown name")
         return self.answers[host]
+
+
+class NoDns:
+    """A DNS that fails the test if it is asked anything: what is refused by name is refused
+    before any lookup, and nothing leaves the machine."""
+
+    async def __call__(self, host: str, port: int) -> Sequence[str]:
+        pytest.fail(f"the DNS was asked for {host!r}")
 
 
 def tool_call(**given: Any) -> ToolCall:

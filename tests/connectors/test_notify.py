@@ -34,6 +34,19 @@ SENDER = "agent@reach.test"
 
 
 DNS = {"hooks.test": ["127.0.0.1"], "mail.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"]}
+# Every host and domain these tests send to, so that the SSRF guard, not the list, is what refuses.
+EVERYWHERE = [
+    "127.0.0.1",
+    "127.0.0.2",
+    "::1",
+    "10.0.0.1",
+    "169.254.169.254",
+    "localhost",
+    "hooks.test",
+    "mail.test",
+    "meta.test",
+    "@example.org",
+]
 
 
 def call(
@@ -52,7 +65,7 @@ def call(
         "task_id": "task-1",
         "step_id": "s1.0",
         "args": args,
-        "config": {"allow_hosts": ["127.0.0.1"], **(config or {})},
+        "config": {"allow_hosts": ["127.0.0.1"], "destinations": EVERYWHERE, **(config or {})},
         "idempotency_key": "task-1:s1.0",
         "attempt": 1,
         "max_attempts": 3,
