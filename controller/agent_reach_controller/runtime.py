@@ -172,6 +172,8 @@ async def open_components(settings: ControllerSettings) -> Components:
     # (tools added through the API stay; `reach tools import --prune` is the full sync).
     files = ToolCatalog.from_yaml_files(settings.tools)
     await registry.apply(files.values(), principal=TOOLS_FILE_PRINCIPAL)
+    # Stored before `destinations` were required: disabled, with the reason, not a failed start.
+    await registry.disable_undeclared()
     notifier = _notifier(settings, db)
     # Every event appended, by whichever writer, wakes the followers of its task's log.
     db.observe_commits(notifier.announce_events)

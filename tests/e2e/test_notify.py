@@ -60,6 +60,7 @@ def notify_tool(sink: Sink, smtp: SmtpServer) -> dict[str, Any]:
                 "from": "reach@example.org",
             },
             "allow_hosts": [sink_host, f"127.0.0.1:{smtp.port}"],
+            "destinations": ["127.0.0.1", "@example.org"],
         },
     }
 

@@ -50,6 +50,7 @@ def tools(smtp_port: int, closed: int, mcp_url: str) -> list[dict[str, Any]]:
                     "password": "${env:CANARY_SMTP_PASSWORD}",
                 },
                 "allow_hosts": ["127.0.0.1"],
+                "destinations": ["@example.org"],
             },
             "input_schema": {"type": "object", "properties": {"targets": {"type": "array"}}},
             "retry": {"maximum_attempts": 1},

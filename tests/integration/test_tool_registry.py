@@ -4,12 +4,19 @@ or deleted tool refused from the next dispatch on, in every replica."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 import yaml
 
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.registry import UNDECLARED_DESTINATIONS_BY
+from agent_reach_controller.storage import catalog
+from agent_reach_controller.storage.catalog import ChangeRow
+from agent_reach_controller.storage.schema import audit_log
+from agent_reach_controller.tools.catalog import STORED, ToolSpec
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
 
 MAIL: dict[str, Any] = {
@@ -375,3 +382,97 @@ async def test_a_restart_reapplies_the_tools_files_and_keeps_api_tools(
         assert c.registry.revision == revision + 1
     async with components_for(database_url, tools) as c:
         assert c.registry.revision == revision + 1  # the same files again change nothing
+
+
+# Stored before `destinations` were required: a notify tool, and an http tool whose URL's host
+# is an argument. The third names a fixed host and needs no list.
+BEFORE_DESTINATIONS: list[dict[str, Any]] = [
+    {
+        "name": "tell",
+        "description": "Tells people.",
+        "connector": "notify",
+        "risk": "write",
+        "config": {"webhook_secret": "${env:TELL_SECRET}"},
+    },
+    {
+        "name": "hook.post",
+        "description": "Posts to the URL given.",
+        "connector": "http",
+        "config": {"url": "https://{host}/hook", "method": "POST"},
+        "input_schema": {"type": "object", "properties": {"host": {"type": "string"}}},
+    },
+    {
+        "name": "order.get",
+        "description": "Reads an order.",
+        "connector": "http",
+        "config": {"url": "https://orders.example.invalid/orders/{id}"},
+    },
+]
+
+
+async def store_as_an_older_version_did(c: Components, definitions: list[dict[str, Any]]) -> None:
+    """Write tools straight into the catalogue's tables, checked only as a stored version is."""
+    specs = [ToolSpec.model_validate(d, context=STORED) for d in definitions]
+    async with c.db.transaction() as conn:
+        revision = await catalog.revision(conn, lock=True)
+        changes = [
+            ChangeRow(
+                revision=revision + n,
+                name=spec.name,
+                action="create",
+                version=spec.version,
+                principal="tools-file",
+                created_at=datetime.now(UTC),
+            )
+            for n, spec in enumerate(specs, start=1)
+        ]
+        dumped = {spec.version: spec.model_dump(mode="json") for spec in specs}
+        await catalog.write_changes(conn, changes, specs=dumped)
+
+
+async def test_a_stored_tool_without_destinations_is_disabled_at_start_with_the_reason(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path)
+    async with components_for(database_url, tools) as c:
+        await store_as_an_older_version_did(c, BEFORE_DESTINATIONS)
+    async with components_for(database_url, tools) as c, api_client(c) as api:  # it starts
+        heads = c.registry.heads
+        for name in ("tell", "hook.post"):
+            assert not heads[name].spec.enabled, name
+            assert heads[name].updated_by == UNDECLARED_DESTINATIONS_BY
+        assert heads["order.get"].spec.enabled
+        shown = (await api.get("/v1/tools/tell")).json()
+        assert (shown["enabled"], shown["updated_by"]) == (False, UNDECLARED_DESTINATIONS_BY)
+        history = (await api.get("/v1/tools/hook.post/versions")).json()["changes"]
+        assert [h["action"] for h in history] == ["disable", "create"]
+        async with c.db.transaction() as conn:
+            rows = await conn.execute(
+                sa.select(audit_log.c.target, audit_log.c.data).where(
+                    audit_log.c.actor == UNDECLARED_DESTINATIONS_BY
+                )
+            )
+            reasons = {row.target: row.data["reason"] for row in rows}
+        assert set(reasons) == {"tool:tell", "tool:hook.post"}
+        assert reasons["tool:tell"].startswith("config.destinations is required: a notify tool")
+        assert (
+            "config.destinations is required: an argument of the url" in reasons["tool:hook.post"]
+        )
+
+        refused = await api.post("/v1/tasks", json=plan("hook.post", host="x.invalid"))
+        assert refused.status_code == 422, refused.text
+        assert "tool_disabled" in refused.text
+        enabled = await api.post("/v1/tools/hook.post:enable")
+        assert enabled.status_code == 409, enabled.text
+        assert "config.destinations" in enabled.json()["detail"]
+
+        fixed = {**BEFORE_DESTINATIONS[1], "enabled": True}
+        fixed["config"] = {**fixed["config"], "destinations": ["hooks.example.invalid"]}
+        updated = await api.put("/v1/tools/hook.post", json=fixed)
+        assert updated.status_code == 200, updated.text
+        assert updated.json()["enabled"] is True
+        revision = c.registry.revision
+    async with components_for(database_url, tools) as c:  # a second start changes nothing
+        assert c.registry.revision == revision
+        assert not c.catalog["tell"].enabled
+        assert c.catalog["hook.post"].enabled

@@ -15,6 +15,7 @@ from agent_reach_controller.tools import (
     backoff_delay,
     openai_name,
 )
+from agent_reach_controller.tools.catalog import STORED
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "tools"
 
@@ -246,3 +247,73 @@ def test_a_tool_that_asks_to_write_must_say_it_writes() -> None:
     with pytest.raises(ValueError, match=r"config\.write: true needs risk: write or dangerous"):
         ToolSpec.model_validate(reading)
     assert ToolSpec.model_validate({**reading, "risk": "write"}).config["write"] is True
+
+
+DESTINATION_TOOLS = """\
+tools:
+  - name: hook.any
+    description: Posts to the URL the model gives.
+    connector: http
+    config: {url: "https://{host}/hook", method: POST}
+  - name: notify
+    description: Tells people.
+    connector: notify
+    config: {webhook_secret: "${env:S}"}
+  - name: notify.bad
+    description: Tells people.
+    connector: notify
+    config: {destinations: ["*.example.org", "*"]}
+  - name: mail.http
+    description: An http tool with an email domain.
+    connector: http
+    config: {url: "https://{host}/", destinations: ["@example.org"]}
+  - name: sandbox.open
+    description: Its sandbox URL takes the host from the arguments.
+    connector: http
+    risk: write
+    config: {url: "https://api.example.org/x"}
+    sandbox: {url: "https://{host}/x"}
+"""
+
+
+def test_a_tool_that_sends_where_its_arguments_say_must_list_destinations(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(DESTINATION_TOOLS)
+    with pytest.raises(ToolFileError) as info:
+        ToolCatalog.from_yaml_files([path])
+    errors = [e.removeprefix(f"{path}: ") for e in info.value.errors]
+    assert errors == [
+        "tool 'hook.any' (tools[0]): config.destinations: destinations is required: an argument "
+        "of the url reaches its scheme, host or port; list the hosts it may reach (host names, "
+        "*.suffix, addresses)",
+        "tool 'notify' (tools[1]): config.destinations: destinations is required: a notify "
+        "tool's targets come from its arguments; list where it may send (host names, "
+        "*.suffix, addresses, @domain for email)",
+        "tool 'notify.bad' (tools[2]): config.destinations: destinations entry '*' is not a "
+        "destination (a list that admits everything restricts nothing)",
+        "tool 'mail.http' (tools[3]): config.destinations: an @domain entry of destinations "
+        "names email recipients; http sends none",
+        "tool 'sandbox.open' (tools[4]): sandbox.destinations: destinations is required: an "
+        "argument of the url reaches its scheme, host or port; list the hosts it may reach "
+        "(host names, *.suffix, addresses)",
+    ]
+
+
+def test_listed_destinations_load_and_fixed_urls_need_none() -> None:
+    fixed = {"name": "a", "description": "d", "connector": "http"}
+    ToolSpec.model_validate(fixed | {"config": {"url": "https://api.example.org/{id}"}})
+    ToolSpec.model_validate(
+        fixed | {"config": {"url": "https://{host}/x", "destinations": ["*.example.org"]}}
+    )
+    ToolSpec.model_validate(
+        fixed | {"connector": "notify", "config": {"destinations": ["hooks.example.org", "@x.org"]}}
+    )
+    # Other connectors do not read the list: their config keys are their own.
+    ToolSpec.model_validate(fixed | {"connector": "python", "config": {"destinations": "any"}})
+
+
+def test_a_stored_tool_without_destinations_still_loads() -> None:
+    stored = {"name": "n", "description": "d", "connector": "notify", "config": {}}
+    assert ToolSpec.model_validate(stored, context=STORED).enabled

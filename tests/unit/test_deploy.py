@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from agent_reach.destinations import Destinations
 from agent_reach_cli.main import build_parser
 from agent_reach_connectors import netguard
 from agent_reach_controller.settings import ControllerSettings
@@ -125,6 +126,10 @@ def test_the_demo_tools_reach_the_demo_service_through_the_ssrf_guard() -> None:
     assert smtp_port == _port(_flag(OURS["demo"], "--smtp"))
     assert allow.admits_name(smtp_host, smtp_port)
     assert allow.admits_name(host, int(port))
+    # Its targets come from the model: it lists them, and the demo's phone and inbox are on it.
+    listed = Destinations.parse(notify["config"]["destinations"])
+    assert listed.admits_host(host)
+    assert listed.admits_recipient("you@example.org")
     assert OURS["executor"]["depends_on"]["demo"] == {"condition": "service_healthy"}
 
 

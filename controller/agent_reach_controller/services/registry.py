@@ -11,20 +11,28 @@ dispatch on, in every replica. Tasks keep the versions they were validated again
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from agent_reach_controller.audit import log as audit
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage.catalog import ChangeRow, HeadRow
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.tools.catalog import STORED, ToolCatalog, ToolFileError, ToolSpec
+from agent_reach_controller.tools.destinations import destinations_problem
 
+log = logging.getLogger(__name__)
 ChangeAction = Literal["create", "update", "disable", "enable", "delete"]
 # Paths under /v1/tools that are not tools.
 RESERVED_NAMES = frozenset({"breakers"})
+# Who disabled a stored tool that sends where its arguments say without `config.destinations`
+# (shown as the tool's `updated_by`, and in its history and audit entry).
+UNDECLARED_DESTINATIONS_BY = "agent-reach (config.destinations required)"
 
 
 class UnknownToolVersionError(LookupError):
@@ -72,6 +80,7 @@ class Planned:
     name: str
     action: ChangeAction
     spec: ToolSpec | None  # None: deleted
+    reason: str | None = None  # why, when the controller made the change itself
 
 
 @dataclass(slots=True)
@@ -94,15 +103,30 @@ class CatalogDiff:
 Editor = Callable[[Mapping[str, ToolHead]], list[Planned]]
 
 
-def respec(spec: ToolSpec, **changes: Any) -> ToolSpec:
-    """A new spec with some fields changed (validated again; a copy would keep the old version)."""
-    return ToolSpec.model_validate({**spec.model_dump(mode="json"), **changes})
+def respec(spec: ToolSpec, *, stored: bool = False, **changes: Any) -> ToolSpec:
+    """A new spec with some fields changed (validated again; a copy would keep the old version).
+
+    `stored`: validated as a stored version is, so checks made stricter since it was written
+    do not refuse it (to disable it, or to compare it); enabling one checks it as new.
+    """
+    dumped = {**spec.model_dump(mode="json"), **changes}
+    return ToolSpec.model_validate(dumped, context=STORED if stored else None)
+
+
+def undeclared_destinations(spec: ToolSpec) -> str | None:
+    """Why a stored tool may not run as it is: it sends where its arguments say and does not
+    list its `destinations` (in `config`, or in its sandbox's config). None when it may."""
+    for field_name, config in (("config", spec.config), ("sandbox", spec.sandbox_config)):
+        problem = None if config is None else destinations_problem(spec.connector, config)
+        if problem is not None:
+            return f"{field_name}.{problem[1]}"
+    return None
 
 
 def _planned_update(old: ToolSpec, new: ToolSpec) -> Planned | None:
     if old.version == new.version:
         return None
-    if respec(old, enabled=new.enabled).version == new.version:
+    if respec(old, stored=True, enabled=new.enabled).version == new.version:
         return Planned(new.name, "enable" if new.enabled else "disable", new)
     return Planned(new.name, "update", new)
 
@@ -243,10 +267,44 @@ class ToolRegistry:
             old = self._current(heads, name, if_revision).spec
             if old.enabled is enabled:
                 return []
-            return [Planned(name, "enable" if enabled else "disable", respec(old, enabled=enabled))]
+            try:
+                changed = respec(old, stored=not enabled, enabled=enabled)
+            except ValidationError as exc:  # stored before a check it fails now: fix it first
+                raise CatalogRejectedError(
+                    [f"tool {name!r}: {_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+                ) from None
+            return [Planned(name, "enable" if enabled else "disable", changed)]
 
         await self._change(edit, principal=principal, tenant=tenant)
         return self.heads[name]
+
+    async def disable_undeclared(self) -> list[str]:
+        """Disable every enabled tool that sends where its arguments say but lists no
+        `destinations` (stored before they were required); the names disabled.
+
+        Run at start: such a tool stays in the catalogue, disabled, with the reason in its
+        history and audit entry, and the controller starts. Enabling it again checks it as a
+        new definition, so it needs its `destinations` first.
+        """
+
+        def edit(heads: Mapping[str, ToolHead]) -> list[Planned]:
+            planned: list[Planned] = []
+            for name, head in heads.items():
+                reason = undeclared_destinations(head.spec) if head.spec.enabled else None
+                if reason is not None:
+                    spec = respec(head.spec, stored=True, enabled=False)
+                    planned.append(Planned(name, "disable", spec, reason=reason))
+            return planned
+
+        diff = await self._change(edit, principal=UNDECLARED_DESTINATIONS_BY, tenant=None)
+        for name in diff.disabled:
+            log.warning(
+                "tool %s: disabled: %s",
+                name,
+                undeclared_destinations(self.heads[name].spec),
+                extra={"event": "tool_disabled_undeclared_destinations", "tool": name},
+            )
+        return diff.disabled
 
     async def delete(
         self, name: str, *, principal: str, tenant: str | None, if_revision: int | None = None
@@ -328,20 +386,27 @@ class ToolRegistry:
             ]
             specs = {i.spec.version: i.spec.model_dump(mode="json") for i in planned if i.spec}
             await catalog.write_changes(conn, changes, specs=specs)
-            for change in changes:
+            for change, item in zip(changes, planned, strict=True):
+                data: dict[str, Any] = {"version": change.version, "revision": change.revision}
+                if item.reason is not None:
+                    data["reason"] = item.reason
                 await audit.record(
                     conn,
                     actor=principal,
                     tenant=tenant,
                     action=f"tool.{change.action}",
                     target=f"tool:{change.name}",
-                    data={"version": change.version, "revision": change.revision},
+                    data=data,
                     now=now,
                 )
             diff.revision = changes[-1].revision
             rows = await catalog.load_heads(conn)
         self._install(rows, diff.revision)
         return diff
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(tool)"
 
 
 def _check(heads: Mapping[str, ToolHead], planned: list[Planned]) -> None:

@@ -26,7 +26,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from agent_reach_controller.tools.destinations import destinations_problem
 from agent_reach_controller.tools.expressions import TOOL_VARIABLES, check_names
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
@@ -244,6 +246,24 @@ class Timeouts(BaseModel):
         return cls.model_construct(**(values | {k: v for k, v in (overrides or {}).items() if v}))
 
 
+def _destinations_checked(
+    value: dict[str, Any], config: dict[str, Any], info: ValidationInfo
+) -> dict[str, Any]:
+    """`value` (config or sandbox), if the config a step would run with lists its destinations
+    where the connector needs it (tools/destinations.py); refused at `<field>.destinations`."""
+    connector = info.data.get("connector")
+    if (info.context or {}).get("stored") or not isinstance(connector, str):
+        return value  # a stored tool lacking them is disabled at start, not made unloadable
+    problem = destinations_problem(connector, config)
+    if problem is None:
+        return value
+    code, message = problem
+    error = PydanticCustomError(code, message)
+    raise ValidationError.from_exception_data(
+        "ToolSpec", [InitErrorDetails(type=error, loc=("destinations",), input=value)]
+    )
+
+
 def backoff_delay(policy: RetryPolicy, attempt: int, *, rng: random.Random | None = None) -> float:
     """Seconds to wait before attempt `attempt + 1` after attempt `attempt` (1-based) failed.
 
@@ -418,6 +438,23 @@ class ToolSpec(BaseModel):
     @classmethod
     def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_json_schema(value)
+
+    @field_validator("config")
+    @classmethod
+    def _config_lists_destinations(
+        cls, value: dict[str, Any], info: ValidationInfo
+    ) -> dict[str, Any]:
+        return _destinations_checked(value, value, info)
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_lists_destinations(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        config = info.data.get("config")
+        if value is None or config is None:
+            return value
+        return _destinations_checked(value, {**config, **value}, info)
 
     @model_validator(mode="after")
     def _hold_is_for_writes(self) -> ToolSpec:
