@@ -6,11 +6,14 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from agent_reach_cli.plan_tree import in_plan_order, part_labels, shown_name
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -71,35 +74,81 @@ def refusal(response: httpx.Response, body: Any = None) -> str:
     return line
 
 
+# The widest a name or status column grows before a longer one just pushes the line along.
+_NAME_COLUMN = (12, 40)
+_STATUS_COLUMN = (9, 24)
+
+
 def describe_task(task: dict[str, Any]) -> str:
-    """A task and its steps as a few lines: each step's status and what its receipt says."""
+    """A task and its steps as a few lines, in plan order: each step's status and what its
+    receipt says, a step's parts (fan-out targets, a verified write's writes and read-backs)
+    under it by what they are."""
     lines = [f"task {task['task_id']}  {task['status']}  trace {task.get('trace_id', '')}"]
-    now = datetime.now(UTC)
-    for step in task.get("steps", ()):
-        receipt = step.get("receipt") or {}
-        detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
-        shown = json.dumps(detail, ensure_ascii=False) if detail not in ("", None) else ""
-        status, run_at = step["status"], step.get("run_at")
-        if run_at and status in ("blocked", "ready") and datetime.fromisoformat(run_at) > now:
-            status, shown = "scheduled", f"for {run_at}"
-        verified = (receipt.get("meta") or {}).get("verified")
-        if verified is not None:  # a write read back: did it hold?
-            status = f"{status}, {'verified' if verified else 'unverified'}"
-        if rows := receipt.get("targets"):  # a fan-out step: one word per target
-            shown = ", ".join(_target_said(row) for row in rows)
-        lines.append(f"  {step['step_id']:12} {status:18} {shown}".rstrip())
+    if isinstance(error := task.get("error"), dict):
+        at = f" at step {error['step_id']}" if error.get("step_id") else ""
+        said = f"{error.get('code', 'failed')}{at}: {error.get('message', '')}"
+        lines.append(f"  error: {said}".rstrip(": "))
+    steps = in_plan_order(task.get("steps", ()))
+    labels = part_labels(steps)
+    rows = [_step_row(step, labels, datetime.now(UTC)) for step in steps]
+    name_w = _column([name for name, _, _ in rows], *_NAME_COLUMN)
+    status_w = _column([status for _, status, _ in rows], *_STATUS_COLUMN)
+    lines += [f"  {n:{name_w}}  {st:{status_w}}  {shown}".rstrip() for n, st, shown in rows]
     if task["status"] in ("pending", "running"):
         lines.append(f"  (not over yet: reach status {task['task_id']} --watch follows it)")
     return "\n".join(lines)
 
 
-def _target_said(row: dict[str, Any]) -> str:
-    """One target of a fan-out step's record: `email delivered`, `[2] failed: …`."""
-    output = row.get("output") or {}
-    name = output.get("channel") or f"[{row.get('target')}]"
-    if row.get("status") == "succeeded":
-        return f"{name} delivered at {row.get('done_at')}"
-    return f"{name} {row.get('status')}: {(row.get('error') or {}).get('message', '')}".rstrip(": ")
+def _step_row(
+    step: Mapping[str, Any], labels: Mapping[str, str], now: datetime
+) -> tuple[str, str, str]:
+    """(name, status, what it says) of one step."""
+    receipt = step.get("receipt") or {}
+    detail = receipt.get("data") or (receipt.get("error") or {}).get("message", "")
+    if isinstance(detail, dict) and "delivered_at" in detail:  # a notification, delivered
+        detail = f"delivered at {detail['delivered_at']}"
+    shown = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+    status, run_at = step["status"], _when(step.get("run_at"))
+    if run_at and status in ("blocked", "ready") and run_at > now:
+        status, shown = "scheduled", f"for {step['run_at']}"
+    verified = (receipt.get("meta") or {}).get("verified")
+    if verified is not None:  # a write read back: did it hold?
+        status = f"{status}, {'verified' if verified else 'unverified'}"
+    if rows := receipt.get("targets"):  # a fan-out step: how many of its parts succeeded
+        shown = _targets_said(rows, labels)
+    label = labels.get(step["step_id"], "")
+    name = f"  {shown_name(step['step_id'], label)}" if label else step["step_id"]
+    return name, status, shown
+
+
+def _targets_said(rows: list[dict[str, Any]], labels: Mapping[str, str]) -> str:
+    """A fan-out step's record in a line: `1 of 2 succeeded; email to ann@example.org failed`."""
+    done = sum(row.get("status") == "succeeded" for row in rows)
+    missed = [
+        f"{labels.get(str(row.get('step_id'))) or _number(row)} {row.get('status')}"
+        for row in rows
+        if row.get("status") != "succeeded"
+    ]
+    return f"{done} of {len(rows)} succeeded" + (f"; {', '.join(missed)}" if missed else "")
+
+
+def _number(row: Mapping[str, Any]) -> str:
+    return f"#{row.get('target')}"
+
+
+def _column(values: list[str], least: int, most: int) -> int:
+    return min(max([least, *map(len, values)]), most)
+
+
+def _when(value: Any) -> datetime | None:
+    """An RFC 3339 time (with `Z` or an offset) as an aware datetime; None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _show_task(response: httpx.Response, args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""`reach status --watch`: events folded into step states, the tree drawn from depends_on, and
-the event-stream parser."""
+"""`reach status --watch`: events folded into step states, the tree drawn from depends_on (a
+step's parts under it, by what they are), and the event-stream parser."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from agent_reach_cli.plan_tree import (
     SseParser,
     TaskState,
     apply_event,
+    in_plan_order,
+    part_labels,
     plan_from,
     render_tree,
 )
@@ -146,3 +148,99 @@ def test_a_terminal_is_redrawn_in_place() -> None:
     again = out.getvalue()[len(first) :]
     assert again.startswith("\x1b[5F\x1b[J")  # up to the first line drawn, clear below
     assert "▶ weather  weather.forecast  running  attempt 1" in again
+
+
+# A verified write that may write twice, and a notification to three targets, as the task view
+# lists them: planned steps first, then every part (fan-out parts, then the write's chain).
+NOTIFY_ARGS = {"subject": "Umbrella", "message": "$weather.output.summary"}
+TARGETS = [
+    {"channel": "webhook", "url": "https://phone.example.org/hooks/ann?sig=s3cret"},
+    {"channel": "email", "to": "ann@example.org"},
+    {"channel": "slack", "url": "https://hooks.slack.example/services/T0/B0/s3cret"},
+]
+VIEW: dict[str, Any] = {
+    "task_id": "t2",
+    "status": "running",
+    "created_at": "2026-12-01T08:00:00Z",
+    "steps": [
+        {"step_id": "weather", "tool": "weather.forecast", "depends_on": [], "args": {}},
+        {
+            "step_id": "remind",
+            "tool": "reminder.create",
+            "depends_on": ["remind[0]", "remind[1]", "remind[2]", "remind[3]"],
+            "args": {"text": "Take an umbrella"},
+        },
+        {
+            "step_id": "tell",
+            "tool": "notify",
+            "depends_on": ["tell[0]", "tell[1]", "tell[2]"],
+            "args": {**NOTIFY_ARGS, "targets": TARGETS},
+        },
+        *(
+            {
+                "step_id": f"tell[{n}]",
+                "tool": "notify",
+                "depends_on": ["weather", "remind"],
+                "args": {**NOTIFY_ARGS, "target": target},
+            }
+            for n, target in enumerate(TARGETS)
+        ),
+        {
+            "step_id": "remind[0]",
+            "tool": "reminder.create",
+            "depends_on": ["weather"],
+            "args": {"text": "Take an umbrella"},
+        },
+        {"step_id": "remind[1]", "tool": "reminder.get", "depends_on": ["remind[0]"], "args": {}},
+        {
+            "step_id": "remind[2]",
+            "tool": "reminder.create",
+            "depends_on": ["weather", "remind[1]"],
+            "args": {"text": "Take an umbrella"},
+        },
+        {"step_id": "remind[3]", "tool": "reminder.get", "depends_on": ["remind[2]"], "args": {}},
+    ],
+}
+
+
+def test_parts_are_named_for_what_they_are_and_shown_under_their_step_in_plan_order() -> None:
+    state = plan_from(VIEW)
+    state.status = "running"
+    lines = render_tree(state, now=datetime(2026, 12, 1, 8, 0, 1, tzinfo=UTC), unicode=False)
+    assert lines == [
+        "task t2 running · 0/10 steps done · 1.00s",
+        "`- . weather  weather.forecast  blocked",
+        "   `- . remind  reminder.create  blocked",
+        "      |- . write (remind[0])  reminder.create  blocked",
+        "      |- . read back (remind[1])  reminder.get  blocked",
+        "      |- . write #2 (remind[2])  reminder.create  blocked",
+        "      |- . read back #2 (remind[3])  reminder.get  blocked",
+        "      `- . tell  notify  blocked  (also after weather)",
+        "         |- . webhook to phone.example.org (tell[0])  notify  blocked",
+        "         |- . email to ann@example.org (tell[1])  notify  blocked",
+        "         `- . slack to hooks.slack.example (tell[2])  notify  blocked",
+    ]
+    assert "s3cret" not in "\n".join(lines)  # a URL's path and query are never shown
+    # The ids stay what they are (idempotency keys); an event names the part both ways.
+    assert list(state.steps)[:4] == ["weather", "remind", "remind[0]", "remind[1]"]
+    assert apply_event(state, event("tell[1]", "failed", at=2, kind="fail")) == (
+        "08:00:02.000  email to ann@example.org (tell[1]): blocked → failed (attempt 1, fail)"
+    )
+
+
+def test_a_fan_out_part_is_named_by_its_element_or_numbered() -> None:
+    steps = [
+        {"step_id": "w", "tool": "weather.forecast", "args": {"cities": ["Wuhan", "$x.output"]}},
+        {"step_id": "w[0]", "tool": "weather.forecast", "args": {"city": "Wuhan"}},
+        {"step_id": "w[1]", "tool": "weather.forecast", "args": {"city": "$x.output"}},
+        {"step_id": "n", "tool": "notify", "args": {"targets": [{"channel": "email"}]}},
+        {"step_id": "n[0]", "tool": "notify", "args": {"target": {"channel": "email"}}},
+    ]
+    assert part_labels(steps) == {"w[0]": "city Wuhan", "w[1]": "#1", "n[0]": "email"}
+    assert [s["step_id"] for s in in_plan_order(reversed(steps))] == [
+        "n",
+        "n[0]",
+        "w",
+        "w[0]",
+        "w[1]",
+    ]
