@@ -74,13 +74,14 @@ def _tls(settings: ExecutorSettings) -> Tls | None:
 
 @contextlib.contextmanager
 def _metrics_listener(settings: ExecutorSettings, worker: Worker) -> Iterator[None]:
-    """Serve the worker's metrics on `settings.metrics` while it runs (nothing when unset)."""
+    """Serve the worker's metrics and readiness on `settings.metrics` while it runs (nothing
+    when unset)."""
     if settings.metrics is None:
         yield
         return
-    with serving(settings.metrics, worker.metrics.registry) as bound:
+    with serving(settings.metrics, worker.metrics.registry, worker.readiness) as bound:
         log.info(
-            "executor metrics at http://%s/metrics",
+            "executor metrics at http://%s/metrics, readiness at /readyz",
             bound,
             extra={"event": "metrics_listening", "address": bound},
         )

@@ -1,20 +1,27 @@
 """The executor's Prometheus metrics (one registry per worker) and the listener serving them.
 
-Names and labels are in `agent_reach.metrics`. The listener is prometheus_client's own small
-HTTP server on a daemon thread; it answers OpenMetrics (with exemplars) when the scraper asks.
+Names and labels are in `agent_reach.metrics`. The listener is a small threaded WSGI server on a
+daemon thread: prometheus_client's app at /metrics (any other path too, as before), which
+answers OpenMetrics (with exemplars) when the scraper asks, and /readyz (`probes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
+import threading
 from collections.abc import Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import make_wsgi_app
 
 from agent_reach import metrics as m
 from agent_reach.addresses import split_address
 from agent_reach_executor.client import Assignment, StepResult
+from agent_reach_executor.probes import ReadinessState, with_readyz
 
 
 class ExecutorMetrics:
@@ -59,14 +66,32 @@ class ExecutorMetrics:
         self._results.labels(m.ACCEPTED if accepted else m.REJECTED).inc()
 
 
+class _Listener(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the executor's exit
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes and probes are not news (the base class writes each to stderr)."""
+
+
 @contextlib.contextmanager
-def serving(address: str, registry: CollectorRegistry) -> Iterator[str]:
-    """Serve `registry` at http://HOST:PORT/metrics for the life of the block; yields the bound
-    address (port 0 picks a free one)."""
+def serving(address: str, registry: CollectorRegistry, readiness: ReadinessState) -> Iterator[str]:
+    """Serve `registry` at http://HOST:PORT/metrics and `readiness` at /readyz for the life of
+    the block; yields the bound address (port 0 picks a free one)."""
     host, port = split_address(address)
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Listener(_Listener):
+        address_family = family  # IPv6 when HOST is one
+
+    app = with_readyz(make_wsgi_app(registry), readiness)
+    server: WSGIServer = make_server(host, port, app, Listener, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="executor-metrics", daemon=True)
+    thread.start()
     try:
-        yield f"[{host}]:{server.server_port}" if ":" in host else f"{host}:{server.server_port}"
+        bound = server.server_address[1]
+        yield f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
     finally:
         server.shutdown()
         server.server_close()

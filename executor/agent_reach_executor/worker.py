@@ -22,6 +22,7 @@ from agent_reach_executor.client import (
     result_to_proto,
 )
 from agent_reach_executor.metrics import ExecutorMetrics
+from agent_reach_executor.probes import ReadinessState
 from agent_reach_executor.runner import StepRunner
 from agent_reach_executor.settings import ExecutorSettings
 
@@ -127,6 +128,8 @@ class Worker:
         # Set when the controller ended our session: the poll loop registers again.
         self._session_ended = asyncio.Event()
         self.metrics = ExecutorMetrics(slots=settings.slots)
+        # What /readyz answers: registered, answered, not draining.
+        self.readiness = ReadinessState()
 
     @property
     def stats(self) -> WorkerStats:
@@ -142,6 +145,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, then drain: finish or cancel in-flight steps, flush results."""
+        self.readiness.running(stop)
         reporter = asyncio.create_task(self._report_loop(), name="executor-reporter")
         heartbeats: asyncio.Task[None] | None = None
         try:
@@ -189,6 +193,7 @@ class Worker:
                 continue
             self._registration = registration.with_defaults(poll_wait=self._settings.poll_wait)
             self._session_ended.clear()
+            self.readiness.registered()
             log.info(
                 "executor %s registered with %s (pool %s, session %s): connectors %s, %d slots, "
                 "lease %.1fs",
@@ -260,6 +265,7 @@ class Worker:
             finally:
                 self._poll_ended(seq, ask)
             backoff.reset()
+            self.readiness.answered()
             for assignment in assignments or ():
                 self._start(assignment)
 
@@ -273,6 +279,7 @@ class Worker:
 
     def _log_failure(self, exc: ControllerError, backoff: Backoff) -> float:
         """Log one failed call to the controller; returns the delay before the next try."""
+        self.readiness.failed(exc.method, exc.code)
         delay = backoff.next_delay()
         log.log(
             logging.WARNING if exc.transient else logging.ERROR,
@@ -360,6 +367,7 @@ class Worker:
         for lease in list(self._held):
             self._drop(lease, reason="lost with the session")
         self._session_ended.set()
+        self.readiness.lost()
         self._slot_freed.set()
 
     # -- heartbeats -------------------------------------------------------------------------------
@@ -397,6 +405,7 @@ class Worker:
                 )
                 continue
             failing_since = None
+            self.readiness.answered()
             for lease in reply.cancelled:
                 self._drop(lease, reason="cancelled")
             for lease in reply.lost:
@@ -405,6 +414,7 @@ class Worker:
     def _log_heartbeat_failure(self, exc: ControllerError, *, failing_for: float) -> None:
         # Past the lease the controller has probably re-queued our steps. Keep working anyway:
         # a late result is rejected as stale, an early drop would waste work that may still count.
+        self.readiness.failed(exc.method, exc.code)
         expired = failing_for > self._registration.lease_s
         log.warning(
             "heartbeat failed for %.1fs (%s: %s)%s",
@@ -465,6 +475,7 @@ class Worker:
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
+            self.readiness.answered()
             self._apply_acks(batch, acks)
 
     def _encodable(self, result: StepResult) -> bool:

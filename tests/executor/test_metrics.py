@@ -49,7 +49,9 @@ async def test_slots_calls_and_reports_are_served(fake: FakeController) -> None:
     keys = [fake.enqueue(connector="probe", tool="probe.call") for _ in range(6)]
     connectors: dict[str, Any] = {"probe": FnConnector("probe", probe)}
     async with running_worker(fake, connectors, slots=4) as running:
-        with serving("127.0.0.1:0", running.worker.metrics.registry) as address:
+        with serving(
+            "127.0.0.1:0", running.worker.metrics.registry, running.worker.readiness
+        ) as address:
             await wait_until(lambda: probe.running == 4)
             text = (await scrape(address)).text
             assert value(text, "agent_reach_executor_slots", state="busy") == 4
