@@ -27,6 +27,7 @@ from agent_reach_controller.services.autoscaling import PoolDemand
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.tools.catalog import ToolCatalog
 from agent_reach_executor import ExecutorSettings
+from agent_reach_executor.probes import READYZ
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agent-reach"
@@ -222,6 +223,24 @@ def test_executors_drain_within_their_grace(rendered: tuple[str, list[dict[str, 
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         drain = float(env["AGENT_REACH_EXECUTOR_DRAIN_GRACE"])
         assert spec["terminationGracePeriodSeconds"] > drain
+
+
+def test_executors_are_ready_once_registered_and_live_while_they_serve_metrics(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, docs = rendered
+    executors = [spec for w, spec in pods(docs) if component(w) == "executor"]
+    assert executors
+    for spec in executors:
+        (container,) = spec["containers"]
+        ready = container["readinessProbe"]
+        # What the executor serves (`agent_reach_executor.probes`), on its metrics listener.
+        assert ready["httpGet"] == {"path": READYZ, "port": "metrics"}
+        assert ready["periodSeconds"] <= 10
+        assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (metrics,) = [p for p in container["ports"] if p["name"] == "metrics"]
+        assert env["AGENT_REACH_EXECUTOR_METRICS"] == f"0.0.0.0:{metrics['containerPort']}"
 
 
 def test_only_controllers_and_the_migration_get_the_database(

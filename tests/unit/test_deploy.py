@@ -20,6 +20,7 @@ from agent_reach_cli.main import build_parser
 from agent_reach_connectors import netguard
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_executor import ExecutorSettings
+from agent_reach_executor.probes import READYZ
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -176,8 +177,9 @@ def test_health_checks_ask_what_each_service_serves() -> None:
         in (controller["healthcheck"]["test"])
     )
     metrics = executor["environment"]["AGENT_REACH_EXECUTOR_METRICS"]
+    # Readiness (`agent_reach_executor.probes`), on the metrics listener.
     assert executor["environment"]["AGENT_REACH_HEALTH_URL"] == (
-        f"http://127.0.0.1:{_port(metrics)}/metrics"
+        f"http://127.0.0.1:{_port(metrics)}{READYZ}"
     )
     assert any(f":{_port(_flag(demo, '--http'))}/" in part for part in demo["healthcheck"]["test"])
 
