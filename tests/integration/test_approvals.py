@@ -201,3 +201,73 @@ async def test_a_write_step_is_held_for_its_undo_window_and_a_cancel_stops_it(
         [leased] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=3)
         assert leased.task_id == second
         assert (leased.started_at - leased.created_at).total_seconds() >= 2.0
+
+
+PAY_EACH = {
+    **PAY,
+    "name": "pay.each",
+    "description": "Pays each payee.",
+    "input_schema": {
+        "type": "object",
+        "required": ["payees"],
+        "properties": {"payees": {"type": "array", "items": {"type": "string"}}},
+    },
+    "fan_out": {"over": "payees", "as": "to", "max": 3},
+}
+
+
+async def test_a_fan_out_step_is_decided_through_its_one_waiting_child(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, PAY_EACH])
+    async with components_for(database_url, tools) as c, api_client(c) as client:
+        agent = await key_for(c, roles=("operator",), name="agent")
+        approver = await key_for(c, roles=("approver",), name="carol")
+        one = {"steps": [{"step_id": "pay", "tool": "pay.each", "args": {"payees": ["a"]}}]}
+        task_id = (await client.post("/v1/tasks", json=one, headers=agent)).json()["task_id"]
+        assert (await step(c, task_id, "pay[0]")).status.value == "awaiting_approval"
+        answer = await client.post(
+            f"/v1/tasks/{task_id}/steps/pay/approval",
+            json={"decision": "approve", "reason": "ok"},
+            headers=approver,
+        )
+        assert answer.status_code == 200, answer.text
+        child = await step(c, task_id, "pay[0]")
+        assert child.status.value == "ready"
+        assert child.approval["by"] == "carol"
+        # Where several children wait, each is decided on its own: the 409 names them.
+        two = {"steps": [{"step_id": "pay", "tool": "pay.each", "args": {"payees": ["a", "b"]}}]}
+        task_id = (await client.post("/v1/tasks", json=two, headers=agent)).json()["task_id"]
+        refused = await client.post(
+            f"/v1/tasks/{task_id}/steps/pay/approval",
+            json={"decision": "approve"},
+            headers=approver,
+        )
+        assert refused.status_code == 409
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["code"] == "not_decidable"
+        assert refused.json()["awaiting"] == ["pay[0]", "pay[1]"]
+        assert "'pay[0]', 'pay[1]'" in refused.json()["detail"]
+        assert (await step(c, task_id, "pay[0]")).status.value == "awaiting_approval"
+        # Once one is decided, the step decides the other.
+        first = await client.post(
+            f"/v1/tasks/{task_id}/steps/pay[0]/approval",
+            json={"decision": "reject"},
+            headers=approver,
+        )
+        assert first.status_code == 200, first.text
+        last = await client.post(
+            f"/v1/tasks/{task_id}/steps/pay/approval",
+            json={"decision": "approve"},
+            headers=approver,
+        )
+        assert last.status_code == 200, last.text
+        assert (await step(c, task_id, "pay[1]")).status.value == "ready"
+        # Nothing waits any more: the step is not waiting for a decision, as before.
+        done = await client.post(
+            f"/v1/tasks/{task_id}/steps/pay/approval",
+            json={"decision": "approve"},
+            headers=approver,
+        )
+        assert (done.status_code, done.json()["code"]) == (409, "not_decidable")
+        assert "awaiting" not in done.json()

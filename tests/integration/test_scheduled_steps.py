@@ -9,6 +9,8 @@ from typing import Any
 
 from agent_reach_controller.runtime import Components
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
+from tests.integration.test_fan_out import NOTIFY, notify
+from tests.integration.test_verified_writes import READ_BACK, REFUND, refund_tool
 
 WIPE = {
     "name": "vault.wipe",
@@ -119,3 +121,66 @@ async def test_approval_and_schedule_to_start_count_from_the_time(
             f"/v1/tasks/{task_id}/steps/w/schedule", json={"delay": 0}, headers=stranger
         )
         assert hidden.status_code == 404
+
+
+async def test_moving_a_fan_out_step_moves_every_child_that_has_not_started(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, NOTIFY])
+    async with components_for(database_url, tools) as c, api_client(c) as api:
+        targets = [{"channel": "email", "to": f"{n}@example.org"} for n in range(3)]
+        tell = {
+            **notify(run_at=at(timedelta(hours=2))),
+            "args": {"message": "hi", "targets": targets},
+        }
+        task_id = (await api.post("/v1/tasks", json={"steps": [tell]})).json()["task_id"]
+        assert await claim(c) == []
+        # Moved to now: every child is due at once, and the answer says which moved.
+        moved = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": 0})
+        assert moved.status_code == 200, moved.text
+        answer = moved.json()
+        assert answer["moved"] == ["tell[0]", "tell[1]", "tell[2]"]
+        assert answer["not_moved"] == []
+        by_id = {s["step_id"]: s for s in answer["steps"]}
+        assert by_id["tell[0]"]["run_at"] == by_id["tell"]["run_at"]  # the time asked, shown
+        events = (await api.get(f"/v1/tasks/{task_id}/events")).json()["events"]
+        rescheduled = {e["step_id"] for e in events if e["kind"] == "reschedule"}
+        assert rescheduled == {"tell", "tell[0]", "tell[1]", "tell[2]"}
+        # One child starts; moving the step again moves the two that have not.
+        [started] = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=1, wait=5)
+        later = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": "1h"})
+        assert later.status_code == 200, later.text
+        stayed = [{"step_id": started.step_id, "status": "running", "follows": None}]
+        assert later.json()["not_moved"] == stayed
+        assert len(later.json()["moved"]) == 2
+        assert started.step_id not in later.json()["moved"]
+        assert await claim(c) == []  # the two that moved wait for their new time
+        # Once every child has started, nothing moves: a 409 that says why, child by child.
+        await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": 0})
+        rest = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=5)
+        assert len(rest) == 2
+        none = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": "1h"})
+        assert none.status_code == 409
+        assert none.json()["code"] == "not_reschedulable"
+        assert [n["step_id"] for n in none.json()["not_moved"]] == ["tell[0]", "tell[1]", "tell[2]"]
+
+
+async def test_a_verified_write_moves_its_chain_and_a_read_back_follows_its_write(
+    database_url: str, tmp_path: Path
+) -> None:
+    tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool()])
+    async with components_for(database_url, tools) as c, api_client(c) as api:
+        write = {**REFUND, "run_at": at(timedelta(hours=2))}
+        task_id = (await api.post("/v1/tasks", json={"steps": [write]})).json()["task_id"]
+        moved = await api.post(f"/v1/tasks/{task_id}/steps/pay/schedule", json={"delay": 0})
+        assert moved.status_code == 200, moved.text
+        assert moved.json()["moved"] == ["pay[0]", "pay[1]"]  # the write and its read-back
+        [written] = await claim(c, wait=5)
+        assert written.step_id == "pay[0]"
+        # The write has started: its read-back follows it, not the clock.
+        stays = await api.post(f"/v1/tasks/{task_id}/steps/pay/schedule", json={"delay": "1h"})
+        assert stays.status_code == 409
+        assert stays.json()["not_moved"] == [
+            {"step_id": "pay[0]", "status": "running", "follows": None},
+            {"step_id": "pay[1]", "status": "blocked", "follows": "pay[0]"},
+        ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict
 from http import HTTPStatus
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +43,7 @@ from agent_reach_controller.api.tasks import (
     components,
 )
 from agent_reach_controller.api.tasks import router as tasks_router
+from agent_reach_controller.decide.approvals import SeveralAwaitingError
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.admission import QueueFullError
@@ -142,8 +144,21 @@ def _install_state_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(NotReschedulableError)
     async def not_reschedulable(_: Request, exc: NotReschedulableError) -> Response:
+        extra: dict[str, Any] = {}
+        if exc.not_moved:
+            extra["not_moved"] = [asdict(n) for n in exc.not_moved]
         return problem_response(
-            409, code="not_reschedulable", title="The step has started", detail=str(exc)
+            409, code="not_reschedulable", title="The step has started", detail=str(exc), **extra
+        )
+
+    @app.exception_handler(SeveralAwaitingError)
+    async def several_awaiting(_: Request, exc: SeveralAwaitingError) -> Response:
+        return problem_response(
+            409,
+            code="not_decidable",
+            title="Several steps wait for a decision",
+            detail=str(exc),
+            awaiting=exc.awaiting,
         )
 
     @app.exception_handler(StepNotResolvableError)

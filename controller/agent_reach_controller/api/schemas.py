@@ -46,6 +46,17 @@ class ApprovalIn(BaseModel):
     )
 
 
+class NotMovedOut(BaseModel):
+    """A step that keeps its time."""
+
+    step_id: str
+    status: str = Field(description="What it is now (a child that has started)")
+    follows: str | None = Field(
+        description="It waits on this sibling, which keeps its time (a verified write's "
+        "read-back follows its write)",
+    )
+
+
 class TaskAccepted(BaseModel):
     task_id: str
     trace_id: str
@@ -176,6 +187,16 @@ class TaskOut(BaseModel):
         None, description="Blast-radius caps on the task and what it used of each class"
     )
     usage: TaskUsage | None = None
+
+
+class RescheduleOut(TaskOut):
+    """The task after a reschedule, and which steps moved: the step named, or for a fan-out or
+    verified step (it never runs itself) each of its children that had not started."""
+
+    moved: list[str] = Field(description="The steps given the new time")
+    not_moved: list[NotMovedOut] = Field(
+        description="Children of the step named that keep their time (they have started)"
+    )
 
 
 # RFC 3339's date-time (section 5.6): a date, a time and an offset, nothing left out.
@@ -391,6 +412,16 @@ class Problem(BaseModel):
     code: str = Field(description="A stable code to switch on")
     errors: list[ProblemItem] | None = Field(
         None, description="Each problem of the request, where it is"
+    )
+    awaiting: list[str] | None = Field(
+        None,
+        description="not_decidable, for a step whose children wait for several decisions: "
+        "their ids (decide each)",
+    )
+    not_moved: list[NotMovedOut] | None = Field(
+        None,
+        description="not_reschedulable, for a fan-out or verified step: its children, none of "
+        "which could move",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Annotated, Any
@@ -490,13 +490,15 @@ async def resolve_step(
 
 @router.post(
     "/{task_id}/steps/{step_id}/schedule",
-    response_model=schemas.TaskOut,
+    response_model=schemas.RescheduleOut,
     responses=BODY_PROBLEMS,
     summary="Move a step that has not started to another time (those who may submit its tool)",
 )
 async def reschedule_step(
     task_id: str, step_id: str, when: schemas.ScheduleIn, deps: Deps, who: Caller
-) -> schemas.TaskOut:
+) -> schemas.RescheduleOut:
+    """A fan-out or verified step moves each of its children that has not started; the answer
+    lists what moved and what kept its time (409 when nothing could move)."""
     step = await deps.queries.step(task_id, step_id, tenant=who.tenant)
     require(deps, who, Action.SUBMIT, step.tool)
     try:
@@ -514,12 +516,17 @@ async def reschedule_step(
         problem = Problem(pointer=field, code=ProblemCode.INVALID_TYPE, detail=str(exc))
         raise PlanInvalidError([problem]) from None
     with operator_span(telemetry.RESCHEDULE, who, step=step):
-        view = await deps.operator.reschedule(
+        done = await deps.operator.reschedule(
             RescheduleInput(
                 task_id=task_id, step_id=step_id, run_at=run_at, by=who.name, tenant=who.tenant
             )
         )
-    return task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
+    out = task_out(done.view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
+    return schemas.RescheduleOut(
+        **dict(out),
+        moved=done.moved,
+        not_moved=[schemas.NotMovedOut(**asdict(n)) for n in done.not_moved],
+    )
 
 
 @router.post(
@@ -531,13 +538,18 @@ async def reschedule_step(
 async def decide_step(
     task_id: str, step_id: str, decision: schemas.ApprovalIn, deps: Deps, who: Caller
 ) -> schemas.TaskOut:
-    step = await _require_approver(deps, who, task_id, step_id)
+    await _require_approver(deps, who, task_id, step_id)
+    # A fan-out or verified step is decided through its one child waiting for a decision: the
+    # caller's right is checked on that child's tool too (a verified write's check is another),
+    # and that child is the one decided.
+    step = await deps.queries.decided_step(task_id, step_id, tenant=who.tenant)
+    require(deps, who, Action.APPROVE, step.tool)
     attributes = {telemetry.DECISION: decision.decision, "agent_reach.edited": bool(decision.args)}
     with operator_span(telemetry.DECIDE, who, step=step, attributes=attributes):
         view = await deps.operator.decide(
             ApprovalInput(
                 task_id=task_id,
-                step_id=step_id,
+                step_id=step.step_id,
                 approve=decision.decision == "approve",
                 by=who.name,
                 tenant=who.tenant,

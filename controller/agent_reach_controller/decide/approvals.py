@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,9 +22,42 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach.times import rfc3339
 from agent_reach_controller.decide.outcomes import Decision, terminal_values
+from agent_reach_controller.planning.fanout import parent_of
 from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 from agent_reach_controller.tools.environments import needs_approval
+
+
+class SeveralAwaitingError(Exception):
+    """A decision was asked of a step whose children wait for several decisions: each is
+    decided on its own (`awaiting` lists them)."""
+
+    def __init__(self, step_id: str, awaiting: Sequence[str]) -> None:
+        listed = ", ".join(repr(a) for a in awaiting)
+        super().__init__(
+            f"step {step_id!r} waits on {len(awaiting)} decisions; decide each of {listed}"
+        )
+        self.awaiting = list(awaiting)
+
+
+def decided_step(step: StepRow, steps: Iterable[StepRow]) -> StepRow:
+    """The step a decision asked of `step` is for: `step` itself, or, when it waits on children
+    (a fan-out or verified step never waits for approval itself) and exactly one of them waits
+    for a decision, that child. SeveralAwaitingError when more than one does; a step with none
+    is returned for the caller to refuse as not waiting."""
+    if step.status is StepStatus.AWAITING_APPROVAL:
+        return step
+    waiting = sorted(
+        (
+            s
+            for s in steps
+            if parent_of(s.step_id) == step.step_id and s.status is StepStatus.AWAITING_APPROVAL
+        ),
+        key=lambda s: s.position,
+    )
+    if len(waiting) > 1:
+        raise SeveralAwaitingError(step.step_id, [s.step_id for s in waiting])
+    return waiting[0] if waiting else step
 
 
 def args_hash(args: Any) -> str:

@@ -7,6 +7,7 @@ an audit row naming who acted, and wake-ups once committed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -90,13 +91,40 @@ class ResolveInput:
     tenant: str | None = None
 
 
-class NotReschedulableError(Exception):
-    """Only a step that has not started yet (blocked, or queued for its first attempt) moves."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NotMoved:
+    """A step that keeps its time: it has started (`status`), or it `follows` one that has."""
 
-    def __init__(self, step_id: str, status: str) -> None:
-        super().__init__(
-            f"step {step_id!r} is {status}: only a step that has not started yet can be rescheduled"
-        )
+    step_id: str
+    status: str
+    follows: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rescheduled:
+    """The task after a reschedule, which steps moved and which kept their time."""
+
+    view: TaskView
+    moved: list[str]
+    not_moved: list[NotMoved]
+
+
+class NotReschedulableError(Exception):
+    """Only a step that has not started yet (blocked, or queued for its first attempt) moves;
+    a fan-out or verified step moves when one of its children can (`not_moved`: none could)."""
+
+    def __init__(self, step_id: str, status: str, not_moved: Sequence[NotMoved] = ()) -> None:
+        if not_moved:
+            said = ", ".join(
+                f"{n.step_id} follows {n.follows}" if n.follows else f"{n.step_id} is {n.status}"
+                for n in not_moved[:10]
+            )
+            why = f"step {step_id!r} moves none of its children: each has started ({said})"
+        else:
+            why = f"step {step_id!r} is {status}: only a step that has not started yet can be "
+            why += "rescheduled"
+        super().__init__(why)
+        self.not_moved = list(not_moved)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,7 +241,9 @@ class OperatorService:
             task = await tx.lock_task(data.task_id)
             if task is None or task.tenant != data.tenant:
                 raise TaskNotFoundError(data.task_id)
-            step = await _step_of(tx, data.task_id, data.step_id)
+            steps = await tx.steps_of(data.task_id)
+            # A fan-out or verified step is decided through its one child waiting for it.
+            step = approvals.decided_step(_step_in(steps, data.step_id), steps)
             if step.status is not StepStatus.AWAITING_APPROVAL:
                 raise NotAwaitingApprovalError(step.step_id, step.status.value)
             if data.separation_of_duties and task.principal == data.by:
@@ -247,7 +277,7 @@ class OperatorService:
                 actor=data.by,
                 tenant=data.tenant,
                 action="approval.approve" if data.approve else "approval.reject",
-                target=f"task:{data.task_id}/step:{data.step_id}",
+                target=f"task:{data.task_id}/step:{step.step_id}",
                 data={"reason": data.reason[:500], "edited": "resolved_args" in change.values},
             )
             if data.approve:
@@ -255,39 +285,55 @@ class OperatorService:
             await tx.advance()
             return await read_view(tx.conn, data.task_id)
 
-    async def reschedule(self, data: RescheduleInput) -> TaskView:
-        """Move a step that has not started to another time (earlier or later)."""
+    async def reschedule(self, data: RescheduleInput) -> Rescheduled:
+        """Move a step that has not started to another time (earlier or later).
+
+        A fan-out or verified step never runs itself: moving it moves each of its children that
+        has not started (and the step's own `run_at`, which says the time asked). A child that
+        started, or that follows a sibling that did (a verified write's read-back), stays, and
+        the answer says so; when none can move, NotReschedulableError lists them.
+        """
         async with self._work.begin() as tx:
             task = await tx.lock_task(data.task_id)
             if task is None or task.tenant != data.tenant:
                 raise TaskNotFoundError(data.task_id)
-            step = await _step_of(tx, data.task_id, data.step_id)
-            queued = step.status is StepStatus.READY and step.attempt == 1
-            if step.status is not StepStatus.BLOCKED and not queued:
-                raise NotReschedulableError(step.step_id, step.status.value)
-            tool = tx.tool(step)
-            not_before = data.run_at if data.run_at > tx.now else None
-            moved = await store.reschedule_step(
-                tx.conn,
-                step,
-                run_at=data.run_at,
-                not_before=not_before,
-                start_by=start_by(step, tool, not_before or tx.now),
-                now=tx.now,
-            )
-            if not moved:  # leased meanwhile: it is running
-                raise NotReschedulableError(step.step_id, StepStatus.RUNNING.value)
+            steps = await tx.steps_of(data.task_id)
+            step = _step_in(steps, data.step_id)
+            parent = fanout.gathers(step.step_id, tx.tool(step))
+            family = [step]
+            if parent:
+                family = sorted(
+                    (s for s in steps if fanout.parent_of(s.step_id) == step.step_id),
+                    key=lambda s: s.position,
+                )
+            moved: list[StepRow] = []
+            stayed: list[NotMoved] = []
+            for member in family:
+                why = _why_not_movable(member, stayed)
+                if why is None and not await _move(tx, member, data.run_at):
+                    why = NotMoved(step_id=member.step_id, status=StepStatus.RUNNING.value)
+                if why is None:
+                    moved.append(member)
+                else:
+                    stayed.append(why)
+            if not moved:
+                if parent:
+                    raise NotReschedulableError(step.step_id, step.status.value, stayed)
+                raise NotReschedulableError(step.step_id, stayed[0].status)
+            # The step named shows the time asked (it never runs: its children carry it).
+            named = [step] if parent and await _move(tx, step, data.run_at) else []
             await store.append_events(
                 tx.conn,
                 [
                     store.NewEvent(
                         task_id=data.task_id,
-                        step_id=step.step_id,
+                        step_id=s.step_id,
                         kind="reschedule",
-                        attempt=step.attempt,
+                        attempt=s.attempt,
                         data={"run_at": rfc3339(data.run_at), "by": data.by},
                         created_at=tx.now,
                     )
+                    for s in [*named, *moved]
                 ],
             )
             await tx.audit(
@@ -295,10 +341,19 @@ class OperatorService:
                 tenant=data.tenant,
                 action="step.reschedule",
                 target=f"task:{data.task_id}/step:{data.step_id}",
-                data={"run_at": rfc3339(data.run_at)},
+                data={
+                    "run_at": rfc3339(data.run_at),
+                    "moved": [s.step_id for s in moved],
+                    "not_moved": [n.step_id for n in stayed],
+                },
             )
-            tx.wake(connectors=[step.connector])  # pollers learn the new next due time
-            return await read_view(tx.conn, data.task_id)
+            # Pollers learn the new next due time.
+            tx.wake(connectors=sorted({s.connector for s in moved}))
+            return Rescheduled(
+                view=await read_view(tx.conn, data.task_id),
+                moved=[s.step_id for s in moved],
+                not_moved=stayed,
+            )
 
     async def report_tokens(
         self, task_id: str, *, input_tokens: int, output_tokens: int, actor: str, tenant: str
@@ -323,10 +378,39 @@ class OperatorService:
 
 async def _step_of(tx: TaskWork, task_id: str, step_id: str) -> StepRow:
     """One step of a locked task, with its tool version loaded; StepNotFoundError if none."""
-    found = [s for s in await tx.steps_of(task_id) if s.step_id == step_id]
+    return _step_in(await tx.steps_of(task_id), step_id)
+
+
+def _step_in(steps: list[StepRow], step_id: str) -> StepRow:
+    found = [s for s in steps if s.step_id == step_id]
     if not found:
         raise StepNotFoundError(step_id)
     return found[0]
+
+
+def _why_not_movable(step: StepRow, stayed: list[NotMoved]) -> NotMoved | None:
+    """Why a step keeps its time: it started (only a blocked step, or one queued for its first
+    attempt, has not), or it follows a sibling that stays (`stayed`, in plan order)."""
+    queued = step.status is StepStatus.READY and step.attempt == 1
+    if step.status is not StepStatus.BLOCKED and not queued:
+        return NotMoved(step_id=step.step_id, status=step.status.value)
+    after = [n.step_id for n in stayed if n.step_id in step.depends_on]
+    if after:
+        return NotMoved(step_id=step.step_id, status=step.status.value, follows=after[0])
+    return None
+
+
+async def _move(tx: TaskWork, step: StepRow, run_at: datetime) -> bool:
+    """Give a step that has not started a new time; False when it was leased meanwhile."""
+    not_before = run_at if run_at > tx.now else None
+    return await store.reschedule_step(
+        tx.conn,
+        step,
+        run_at=run_at,
+        not_before=not_before,
+        start_by=start_by(step, tx.tool(step), not_before or tx.now),
+        now=tx.now,
+    )
 
 
 def deadline_error(deadline: datetime) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus
+from agent_reach_controller.decide import approvals
 from agent_reach_controller.planning.fanout import parent_of
 from agent_reach_controller.services.caps import task_usage
 from agent_reach_controller.storage import listings
@@ -183,6 +184,20 @@ class TaskQueries:
         if not found:
             raise StepNotFoundError(step_id)
         return found[0]
+
+    async def decided_step(self, task_id: str, step_id: str, *, tenant: str) -> StepRow:
+        """The step a decision asked of `step_id` is for (`approvals.decided_step`: the step,
+        or the one child of a fan-out or verified step waiting for a decision), so the caller's
+        right to decide is checked on its tool; SeveralAwaitingError when several wait."""
+        async with self._db.transaction() as conn:
+            task = await store.load_task(conn, task_id)
+            if task is None or task.tenant != tenant:
+                raise TaskNotFoundError(task_id)
+            steps = await store.load_steps(conn, [task_id])
+        found = [s for s in steps if s.step_id == step_id]
+        if not found:
+            raise StepNotFoundError(step_id)
+        return approvals.decided_step(found[0], steps)
 
     async def in_flight(self, tenant: str, principal: str, *, up_to: int) -> int:
         """How many of this caller's tasks are unfinished (counting stops at `up_to`)."""
