@@ -312,30 +312,3 @@ async def _ended(client: httpx.AsyncClient, task_id: str, *, within: float) -> d
         if done or asyncio.get_running_loop().time() > deadline:
             return task
         await asyncio.sleep(0.5)
-
-
-def print_quick_start(
-    base_url: str, *, api_key: str, demo_mode: bool, executor: tuple[str, str] | None = None
-) -> None:
-    """`executor`: (gRPC address, pool token) for executors started by hand against it."""
-    plan = json.dumps(umbrella_plan("Wuhan"))
-    more = (
-        "An executor pool token, for more executors started by hand:\n\n"
-        f"  reach executor --controller {executor[0]} --token {executor[1]}\n\n"
-        if executor is not None
-        else ""
-    )
-    print(
-        f"\nAgent-Reach is up: REST {base_url} (OpenAPI at {base_url}/docs)\n"
-        f"A dev API key (tenant default, role admin), shown once:\n\n  {api_key}\n\n"
-        f"The web console, where you sign in with that key: {base_url}/console\n\n"
-        "Submit a plan and wait up to 10 s for its receipts:\n\n"
-        f"  export AGENT_REACH_API_KEY={api_key}\n"
-        f"  curl -s -X POST '{base_url}/v1/tasks?wait=10' -H 'Content-Type: application/json' \\\n"
-        '       -H "Authorization: Bearer $AGENT_REACH_API_KEY" \\\n'
-        f"       -d '{plan}'\n\n"
-        + more
-        + ("" if demo_mode else "(start with --demo to get the demo tools)\n")
-        + "Press Ctrl-C to stop.",
-        flush=True,
-    )

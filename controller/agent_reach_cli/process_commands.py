@@ -176,7 +176,7 @@ def dev(args: argparse.Namespace) -> int:
 async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.Event) -> None:
     from pydantic import SecretStr
 
-    from agent_reach_cli import demo
+    from agent_reach_cli import demo, quick_start
     from agent_reach_controller.server import running_controller
     from agent_reach_executor import ExecutorSettings, run_executor
 
@@ -206,9 +206,12 @@ async def run_dev(settings: Any, *, slots: int, demo_mode: bool, stop: asyncio.E
         try:
             if demo_url is not None:
                 await demo.run_demo(f"http://{bound.http}", api_key=api_key, demo_url=demo_url)
-            demo.print_quick_start(
+            tools = list(components.catalog.values())
+            quick_start.print_quick_start(
                 f"http://{bound.http}",
                 api_key=api_key,
+                plan=quick_start.example_plan(tools, demo_mode=demo_mode),
+                tool_names=[t.name for t in tools if t.enabled],
                 demo_mode=demo_mode,
                 executor=(bound.grpc, executor_token),
             )

@@ -248,6 +248,43 @@ def test_a_newcomer_gets_sentences_not_tracebacks(tmp_path: Path) -> None:
         assert steps[0].split()[:2] == ["hi", "succeeded"]
 
 
+def test_reach_dev_shows_an_example_that_runs_on_the_tools_it_loaded(tmp_path: Path) -> None:
+    """Without --demo there is no weather tool: the banner's curl calls one that is loaded, and
+    running it as printed (bash, curl) gets a receipt."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n"
+        "  - {name: alarm.ring, description: Rings, connector: echo, risk: dangerous}\n"
+        "  - {name: note.write, description: Writes, connector: echo, risk: write}\n"
+        "  - name: echo.say\n"
+        "    description: Says it back\n"
+        "    connector: echo\n"
+        "    risk: read\n"
+        "    input_schema:\n"
+        "      type: object\n"
+        "      required: [text, times]\n"
+        "      properties:\n"
+        '        text: {type: string, examples: ["it\'s raining"]}\n'
+        "        times: {type: integer, minimum: 1}\n"
+    )
+    with cluster(tmp_path) as c:
+        dev = c.dev("dev", tools=tools)
+        wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="the banner")
+        banner = dev.output()
+        assert "weather.forecast" not in banner
+        start = banner.index("  export AGENT_REACH_API_KEY=")
+        commands = banner[start : banner.index("\n\n", start)]
+        done = subprocess.run(
+            ["bash", "-c", commands], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        task = json.loads(done.stdout)
+        assert task["status"] == "succeeded", task
+        [step] = task["steps"]
+        assert step["tool"] == "echo.say"  # a read: trying it changes nothing, needs no approval
+        assert step["receipt"]["data"]["args"] == {"text": "it's raining", "times": 1}
+
+
 def test_reach_triggers_runs_a_template_for_a_signed_event(tmp_path: Path) -> None:
     """A real controller and executor: `reach triggers save`, then `send` twice with one id."""
     tools = tmp_path / "tools.yaml"
