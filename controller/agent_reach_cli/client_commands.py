@@ -114,7 +114,8 @@ def _step_row(
     verified = (receipt.get("meta") or {}).get("verified")
     if verified is not None:  # a write read back: did it hold?
         status = f"{status}, {'verified' if verified else 'unverified'}"
-    if rows := receipt.get("targets"):  # a fan-out step: how many of its parts succeeded
+    rows = receipt.get("targets")  # a fan-out step: how many of its parts succeeded
+    if rows and any(row.get("status") != "skipped" for row in rows):  # else: why it skipped
         shown = _targets_said(rows, labels)
     label = labels.get(step["step_id"], "")
     name = f"  {shown_name(step['step_id'], label)}" if label else step["step_id"]

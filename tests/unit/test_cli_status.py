@@ -83,3 +83,24 @@ def test_status_names_each_part_and_the_target_that_failed() -> None:
     assert lines[6].split()[-4:] == ["succeeded", "delivered", "at", "2026-12-01T00:00:08.100Z"]
     assert re.split(r"\s{2,}", lines[7].strip())[1:] == ["failed", "550 no such user"]
     assert "s3cret" not in "\n".join(lines)
+
+
+def test_a_fan_out_skipped_as_a_whole_says_why() -> None:
+    why = "skipped because step 'remind' skipped"
+    skipped = {**_record(0, "skipped", why), "done_at": None}
+    task = {
+        "task_id": "t2",
+        "status": "succeeded",
+        "steps": [
+            {"step_id": "tell", "tool": "notify", "status": "skipped",
+             "args": {**NOTE, "targets": TARGETS[1:2]},
+             "receipt": {**_receipt("skipped", error=why), "targets": [skipped]}},
+            {"step_id": "tell[0]", "tool": "notify", "status": "skipped",
+             "args": {**NOTE, "target": TARGETS[1]}, "receipt": _receipt("skipped", error=why)},
+        ],
+    }  # fmt: skip
+    lines = describe_task(task).splitlines()
+    assert [re.split(r"\s{2,}", line.strip()) for line in lines[1:]] == [
+        ["tell", "skipped", why],
+        ["email to ann@example.org (tell[0])", "skipped", why],
+    ]
