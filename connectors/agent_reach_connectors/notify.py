@@ -36,6 +36,7 @@ from yarl import URL
 
 from agent_reach.destinations import Destinations
 from agent_reach.errors import ErrorCode
+from agent_reach.times import rfc3339
 from agent_reach_connectors.base import ConnectorError, ToolCall, resolve_secrets
 from agent_reach_connectors.http import HttpConnector, Redactor, Resolver, not_listed, safe_url
 from agent_reach_connectors.http_request import (
@@ -153,7 +154,7 @@ class NotifyConnector:
             "step_id": call.step_id,
         }
         body = _COMPACT_JSON.encode(
-            {"type": "notification", "timestamp": _rfc3339(now), "data": data}
+            {"type": "notification", "timestamp": rfc3339(now), "data": data}
         )
         key = call.idempotency_key
         headers = {
@@ -395,15 +396,11 @@ def _one_line(text: str) -> str:
     return " ".join(re.sub(r"[\x00-\x1f\x7f]", " ", text).split())
 
 
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _delivered(channel: str, target: str, status: int, message_id: str | None) -> dict[str, Any]:
     return {
         "channel": channel,
         "target": target,
-        "delivered_at": _rfc3339(datetime.now(UTC)),
+        "delivered_at": rfc3339(datetime.now(UTC)),
         "status": status,
         "message_id": message_id,
     }
