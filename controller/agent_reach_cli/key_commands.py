@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from agent_reach.times import rfc3339
 from agent_reach_cli.process_commands import _given, prepare_database
 
 
@@ -70,8 +71,8 @@ def list_keys(args: argparse.Namespace) -> int:
             "name": info.name,
             "tenant": info.tenant,
             "roles": list(info.roles),
-            "created_at": info.created_at.isoformat(),
-            "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+            "created_at": rfc3339(info.created_at),
+            "revoked_at": rfc3339(info.revoked_at) if info.revoked_at else None,
         }
         print(json.dumps(row))
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -96,4 +98,6 @@ def test_keys_create_checks_roles_against_its_policy_file(tmp_path: Path) -> Non
 
     listed = _reach("keys", "list", *db, cwd=tmp_path)
     assert listed.returncode == 0
-    assert '"roles": ["auditor"]' in listed.stdout
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["roles"] == ["auditor"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", row["created_at"])  # as the API
