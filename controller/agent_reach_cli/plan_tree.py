@@ -84,8 +84,10 @@ class SseParser:
 
 # --- a step's parts ---------------------------------------------------------------------------
 
-# The longest plain value a fan-out part is named by (a longer one is only numbered).
+# The longest plain value a fan-out part is named by (a longer one is only numbered), and the
+# longest email address (RFC 5321's path).
 _LONGEST_NAME = 40
+_LONGEST_ADDRESS = 254
 
 
 def part_of(step_id: str) -> tuple[str, int] | None:
@@ -169,7 +171,7 @@ def _element_label(step: Mapping[str, Any], parent: Mapping[str, Any], n: int) -
 def _element_said(name: str, value: Any) -> str | None:
     if isinstance(value, Mapping) and isinstance(value.get("channel"), str):
         to = value.get("to")
-        where = to if _plain(to) else _host(value.get("url"))
+        where = to if _plain(to, longest=_LONGEST_ADDRESS) else _host(value.get("url"))
         return f"{value['channel']} to {where}" if where else str(value["channel"])
     if isinstance(value, bool):
         return f"{name} {'true' if value else 'false'}"
@@ -181,11 +183,11 @@ def _element_said(name: str, value: Any) -> str | None:
     return None
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Any, *, longest: int = _LONGEST_NAME) -> bool:
     """A short one-line string that is not a reference (resolved only when the step runs)."""
     return (
         isinstance(value, str)
-        and 0 < len(value) <= _LONGEST_NAME
+        and 0 < len(value) <= longest
         and not value.startswith("$")
         and value.isprintable()
     )

@@ -229,17 +229,25 @@ def test_parts_are_named_for_what_they_are_and_shown_under_their_step_in_plan_or
 
 
 def test_a_fan_out_part_is_named_by_its_element_or_numbered() -> None:
+    long = "a-rather-long-mailbox-name.for-the-team@example.org"
     steps = [
         {"step_id": "w", "tool": "weather.forecast", "args": {"cities": ["Wuhan", "$x.output"]}},
         {"step_id": "w[0]", "tool": "weather.forecast", "args": {"city": "Wuhan"}},
         {"step_id": "w[1]", "tool": "weather.forecast", "args": {"city": "$x.output"}},
         {"step_id": "n", "tool": "notify", "args": {"targets": [{"channel": "email"}]}},
         {"step_id": "n[0]", "tool": "notify", "args": {"target": {"channel": "email"}}},
+        {"step_id": "n[1]", "tool": "notify", "args": {"target": {"channel": "email", "to": long}}},
     ]
-    assert part_labels(steps) == {"w[0]": "city Wuhan", "w[1]": "#1", "n[0]": "email"}
+    assert part_labels(steps) == {
+        "w[0]": "city Wuhan",
+        "w[1]": "#1",
+        "n[0]": "email",
+        "n[1]": f"email to {long}",
+    }
     assert [s["step_id"] for s in in_plan_order(reversed(steps))] == [
         "n",
         "n[0]",
+        "n[1]",
         "w",
         "w[0]",
         "w[1]",
