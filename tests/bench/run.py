@@ -45,7 +45,7 @@ from tests.support.otlp import OtlpReceiver
 
 T = TypeVar("T")
 
-# From /work/shared/PERFORMANCE.md (2 vCPU, Postgres 15, load generator on the same cores).
+# The goals in BENCHMARKS.md ("Goals"): 2 vCPU, Postgres 15, load generator on the same cores.
 BAR_THROUGHPUT = 5000
 BAR_P50_MS, BAR_P99_MS = 3.4, 6.5
 BAR_RSS_MIB = 150
@@ -173,7 +173,7 @@ def summary(
         return [m[0] for m in map(pick, tps) if m]
 
     lines = [
-        f"{'figure':<42} {'median':>8}   {'runs':<22} bar (PERFORMANCE.md)",
+        f"{'figure':<42} {'median':>8}   {'runs':<22} bar (BENCHMARKS.md)",
         _row(
             "e2e throughput, steps/s",
             [t.rate for t in tps],

@@ -18,7 +18,7 @@ from agent_reach.states import (
     is_legal,
 )
 
-# The edges of DESIGN.md §2, written out independently of the table they check.
+# The edges of ARCHITECTURE.md's state diagram, written out independently of the table they check.
 DESIGN_EDGES = {
     ("blocked", "ready"),
     ("blocked", "skipped"),
