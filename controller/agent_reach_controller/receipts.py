@@ -50,7 +50,8 @@ class ReceiptMeta:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Receipt:
-    """The outcome of one step as the caller and the model see it (ARCHITECTURE.md, "Retries and receipts")."""
+    """The outcome of one step as the caller and the model see it (ARCHITECTURE.md, "Retries
+    and receipts")."""
 
     status: str
     data: Any = None

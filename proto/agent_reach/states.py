@@ -56,8 +56,9 @@ class Transition(StrEnum):
 S = StepStatus
 T = Transition
 
-# The step state machine (ARCHITECTURE.md, "Who may change a step's state?"), in one place. Every write of a step's status names one of these
-# edges and is a compare-and-set on the source state; nothing else may change a status.
+# The step state machine (ARCHITECTURE.md, "Who may change a step's state?"), in one place.
+# Every write of a step's status names one of these edges and is a compare-and-set on the source
+# state; nothing else may change a status.
 STEP_TRANSITIONS: dict[Transition, tuple[frozenset[StepStatus], StepStatus]] = {
     T.UNBLOCK: (frozenset({S.BLOCKED}), S.READY),
     T.SKIP: (frozenset({S.BLOCKED}), S.SKIPPED),
