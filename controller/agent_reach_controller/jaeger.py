@@ -20,7 +20,7 @@ from typing import Any
 
 from agent_reach import telemetry
 from agent_reach.states import TERMINAL_TASK_STATES
-from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
+from agent_reach_controller.domain.records import EventRow, StepRow, TaskRow
 
 CONTROLLER = "agent-reach-controller"
 EXECUTOR = "agent-reach-executor"

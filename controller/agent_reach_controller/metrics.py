@@ -19,9 +19,9 @@ from agent_reach import metrics as m
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import AttemptResult
+from agent_reach_controller.domain.records import QueuedGroup, StepChange, StepRow
 from agent_reach_controller.planning import fanout
 from agent_reach_controller.storage.engine import Connection, after_commit
-from agent_reach_controller.storage.records import QueuedGroup, StepChange, StepRow
 
 _CODES = frozenset(code.value for code in ErrorCode)
 

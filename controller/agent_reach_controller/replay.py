@@ -20,8 +20,8 @@ from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, tar
 from agent_reach_controller.decide.advance import AdvanceInput, decide_unblocks
 from agent_reach_controller.decide.approvals import args_hash
 from agent_reach_controller.decide.outcomes import terminal_values
+from agent_reach_controller.domain.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
-from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.tools.catalog import ToolSpec
 
 ToolLookup = Callable[[str, str], ToolSpec]

@@ -12,9 +12,9 @@ import yaml
 
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.runtime import Components, open_components
 from agent_reach_controller.settings import ControllerSettings
-from agent_reach_controller.storage.records import StepRow
 
 TOOLS: list[dict[str, Any]] = [
     {

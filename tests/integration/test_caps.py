@@ -14,10 +14,10 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import cap_charges, cap_usage, steps
 from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
 

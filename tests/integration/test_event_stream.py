@@ -22,9 +22,9 @@ import uvicorn
 
 from agent_reach_cli.plan_tree import SseMessage, SseParser
 from agent_reach_controller.api.app import create_app
+from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import EventFeed, FeedTimings, FollowInput, Settling
-from agent_reach_controller.storage.records import EventRow
 from agent_reach_controller.storage.wakeups import PostgresNotifier, RedisNotifier
 from tests.integration.stack import components_for, failed, key_for, ok, write_tools
 

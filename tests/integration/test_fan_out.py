@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.storage.records import StepRow
 from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
 
 TARGET = {

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, background
 from agent_reach_controller.server import running_controller
 from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage.engine import before_commit
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import steps
 from tests.integration.stack import TOOLS, components_for, key_for, ok, write_tools
 

@@ -10,9 +10,9 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from agent_reach_controller.domain.records import QueuedGroup
 from agent_reach_controller.services.autoscaling import pool_demand
 from agent_reach_controller.services.sessions import Announcement
-from agent_reach_controller.storage.records import QueuedGroup
 from tests.integration.stack import components_for, write_tools
 from tests.integration.test_metrics import keyless, scrape, submit, value
 

@@ -16,12 +16,12 @@ import sqlalchemy as sa
 
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.decide.ratelimits import Rate, admit
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.services.limiter import RedisLimiter
 from agent_reach_controller.storage.engine import Database
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import events
 from tests.integration.stack import TOOLS, components_for, ok, write_tools
 

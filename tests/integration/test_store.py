@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent_reach.states import IllegalTransitionError, StepStatus, Transition
+from agent_reach_controller.domain.records import StepChange
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage import steps
-from agent_reach_controller.storage.records import StepChange
 from tests.integration.stack import components_for, write_tools
 
 BODY = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}

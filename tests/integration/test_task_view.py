@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.storage.records import StepRow
 from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
 from tests.integration.test_fan_out import NOTIFY, notify
 

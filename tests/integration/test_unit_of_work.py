@@ -14,10 +14,10 @@ import pytest
 
 from agent_reach.states import StepStatus
 from agent_reach_controller.decide.outcomes import decide_result
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import SubmitInput
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.wakeups import ready_key
 from tests.integration.stack import components_for, ok, write_tools
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from agent_reach_controller.decide.breakers import admission, closed, probes_now, record
-from agent_reach_controller.storage.records import BreakerState
+from agent_reach_controller.domain.records import BreakerState
 from agent_reach_controller.tools.catalog import BreakerPolicy
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agent_reach.states import StepStatus, TaskStatus
-from agent_reach_controller.storage.records import StepRow, TaskRow
+from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.storage.schema import steps, tasks
 
 

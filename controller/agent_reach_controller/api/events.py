@@ -20,9 +20,9 @@ from starlette.types import Receive, Scope, Send
 
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.problems import problem_response
+from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import EventFeed, FollowInput
-from agent_reach_controller.storage.records import EventRow
 
 SSE_MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": keep-alive\n\n"

@@ -22,6 +22,7 @@ from agent_reach_controller.api import events, openapi, schemas
 from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import Approvers, task_out, turn_replies
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.jaeger import jaeger_trace
 from agent_reach_controller.planning import schedule
@@ -38,7 +39,6 @@ from agent_reach_controller.services.operator import (
 )
 from agent_reach_controller.storage.catalog import CatalogChangedError
 from agent_reach_controller.storage.listings import TaskFilter
-from agent_reach_controller.storage.records import StepRow
 
 # Every route here that reads a body reads JSON: any other media type is a 415, by the app's
 # own dependency (api/media.py, declared once in api/app.py for every route).

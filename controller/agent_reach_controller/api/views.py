@@ -8,11 +8,11 @@ from typing import Any
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus
 from agent_reach_controller.api import schemas
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning import fanout
 from agent_reach_controller.planning.dialects import Answer, dialect_named
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.queries import TaskView
-from agent_reach_controller.storage.records import StepRow
 
 # The roles that may approve a tool's steps (to say who must decide on a pending call).
 Approvers = Callable[[str], list[str]]

@@ -12,12 +12,12 @@ from agent_reach.states import TERMINAL_STEP_STATES, StepStatus, Transition, tar
 from agent_reach.times import rfc3339
 from agent_reach_controller.decide.outcomes import Budget, start_by, terminal_values
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.planning import argmap, fanout, verify
 from agent_reach_controller.planning.conditions import ConditionError, compile_condition, evaluate
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.references import UnresolvedReferenceError, resolve
 from agent_reach_controller.receipts import project_output, redact_output
-from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec, Verify
 
 ToolLookup = Callable[[str, str], ToolSpec]

@@ -22,8 +22,8 @@ from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach.times import rfc3339
 from agent_reach_controller.decide.outcomes import Decision, terminal_values
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.planning.fanout import parent_of
-from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import ToolSpec
 from agent_reach_controller.tools.environments import needs_approval
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from agent_reach_controller.storage.records import Breaker, BreakerState
+from agent_reach_controller.domain.records import Breaker, BreakerState
 from agent_reach_controller.tools.catalog import BreakerPolicy
 
 

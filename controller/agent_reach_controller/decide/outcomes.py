@@ -11,6 +11,7 @@ from typing import Any
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.decide.ratelimits import concurrency_key, step_key
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.receipts import (
     Receipt,
@@ -19,7 +20,6 @@ from agent_reach_controller.receipts import (
     project_output,
     redact_output,
 )
-from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolSpec, backoff_delay
 from agent_reach_controller.tools.environments import needs_approval, sandbox_refusal
 

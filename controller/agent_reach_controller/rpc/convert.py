@@ -11,8 +11,8 @@ from agent_reach.ids import make_traceparent
 from agent_reach.telemetry import dispatch_span_id
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult, closes_at
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning import argmap
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
 from agent_reach_controller.tools.environments import connector_config
 

@@ -19,6 +19,7 @@ from agent_reach.addresses import ListenError
 from agent_reach.telemetry import tracing_enabled
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.identity.pools import ANONYMOUS, PoolScope, PoolTokenService
 from agent_reach_controller.rpc.convert import (
     BadResultError,
@@ -37,7 +38,6 @@ from agent_reach_controller.services.sessions import (
     SessionService,
 )
 from agent_reach_controller.storage.engine import STORAGE_DOWN
-from agent_reach_controller.storage.records import StepRow
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1000

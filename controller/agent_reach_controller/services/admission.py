@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from agent_reach_controller.domain.records import QueuedGroup
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.storage import steps
 from agent_reach_controller.storage.engine import Database
-from agent_reach_controller.storage.records import QueuedGroup
 
 
 class QueueFullError(Exception):

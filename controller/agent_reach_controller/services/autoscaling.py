@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from agent_reach_controller.domain.records import QueuedGroup
 from agent_reach_controller.identity.pools import PoolScope, PoolTokenService
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.admission import AdmissionService
 from agent_reach_controller.storage import demand as storage
 from agent_reach_controller.storage.engine import Database
-from agent_reach_controller.storage.records import QueuedGroup
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

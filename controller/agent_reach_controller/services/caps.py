@@ -29,11 +29,11 @@ from agent_reach_controller.decide.caps import (
     caps_for,
     window_floor,
 )
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.effects import UnitsError, charges_of, declared
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.storage import caps as caps_db
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.steps import NewEvent, append_events
 from agent_reach_controller.tools.catalog import ToolSpec
 

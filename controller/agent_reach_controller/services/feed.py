@@ -27,10 +27,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from agent_reach.states import TERMINAL_TASK_STATES, TaskStatus
+from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.services.queries import TaskNotFoundError
 from agent_reach_controller.storage import feed as store
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import EventRow
 from agent_reach_controller.storage.wakeups import FOLLOW_REFRESH, Notifier, events_key
 
 log = logging.getLogger(__name__)

@@ -32,12 +32,12 @@ from datetime import datetime
 from typing import Any
 
 from agent_reach.states import StepStatus, TaskStatus, Transition
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.sessions import Session
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.advance_writes import NewTask
 from agent_reach_controller.storage.engine import Connection, before_commit, on_commit, undone
-from agent_reach_controller.storage.records import StepChange, StepRow
 from agent_reach_controller.storage.wakeups import Notifier
 from agent_reach_controller.tools.catalog import ToolSpec
 

@@ -17,6 +17,7 @@ from typing import Any
 from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
 from agent_reach.states import StepStatus, TaskStatus, Transition
 from agent_reach_controller.decide.outcomes import terminal_values
+from agent_reach_controller.domain.records import StepChange
 from agent_reach_controller.planning.plan import Plan, RefusedCall
 from agent_reach_controller.services.groups import GroupCommit, GroupFailed
 from agent_reach_controller.services.handoff import HandOff, HandOffRefused
@@ -28,7 +29,6 @@ from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.catalog import CatalogChangedError
-from agent_reach_controller.storage.records import StepChange
 
 
 class IdempotencyConflictError(Exception):

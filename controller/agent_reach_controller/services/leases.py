@@ -20,12 +20,12 @@ from agent_reach_controller.decide.outcomes import (
     decide_lease_expiry,
     decide_undelivered,
 )
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.sessions import Session, SessionService
 from agent_reach_controller.storage import sessions as session_rows
 from agent_reach_controller.storage import steps
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import StepChange, StepRow
 
 log = logging.getLogger(__name__)
 

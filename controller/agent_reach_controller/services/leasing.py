@@ -22,6 +22,7 @@ from agent_reach.states import StepStatus
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import not_permitted
 from agent_reach_controller.decide.ratelimits import Rate, bucket_key
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.caps import CapService, TenantCapsLookup
 from agent_reach_controller.services.handoff import HandOff, Waiter, governed
@@ -32,7 +33,6 @@ from agent_reach_controller.services.tool_health import ToolHealth
 from agent_reach_controller.services.unit_of_work import UnitOfWork
 from agent_reach_controller.storage import claims, flow, steps
 from agent_reach_controller.storage.engine import Connection
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.wakeups import ready_key
 from agent_reach_controller.tools.catalog import ToolSpec
 from agent_reach_controller.tools.environments import needs_approval, sandbox_refusal

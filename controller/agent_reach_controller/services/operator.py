@@ -17,6 +17,7 @@ from agent_reach.states import TERMINAL_STEP_STATES, TERMINAL_TASK_STATES, StepS
 from agent_reach.times import rfc3339
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import decide_resolution, start_by, terminal_values
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.planning import argmap, fanout
 from agent_reach_controller.planning.plan import validate_resolved_args
 from agent_reach_controller.planning.problems import Problem, ProblemCode
@@ -28,7 +29,6 @@ from agent_reach_controller.services.queries import (
 )
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.storage import steps as store
-from agent_reach_controller.storage.records import StepChange, StepRow
 
 
 class StepNotResolvableError(Exception):

@@ -12,13 +12,13 @@ from datetime import datetime
 
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus
 from agent_reach_controller.decide import approvals
+from agent_reach_controller.domain.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.planning.fanout import parent_of
 from agent_reach_controller.services.caps import task_usage
 from agent_reach_controller.storage import listings
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.listings import Awaiting, TaskFilter
-from agent_reach_controller.storage.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.storage.wakeups import Notifier, task_key
 
 # The approvals inbox reads waiting steps in batches of this many, and at most this many for one

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from agent_reach.errors import DEFINITION_CHANGED, ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.decide.outcomes import AttemptResult, decide_result
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.leases import Refusal, record_refusal
 from agent_reach_controller.services.sessions import Session, SessionService
 from agent_reach_controller.services.tool_health import ToolHealth
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
-from agent_reach_controller.storage.records import StepChange, StepRow
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any
 from agent_reach.states import Transition
 from agent_reach_controller.decide import breakers
 from agent_reach_controller.decide.outcomes import AttemptResult
+from agent_reach_controller.domain.records import BreakerState, StepChange
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.storage import flow
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import BreakerState, StepChange
 
 log = logging.getLogger(__name__)
 

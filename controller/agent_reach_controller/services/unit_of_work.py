@@ -29,6 +29,7 @@ from agent_reach_controller import audit
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.advance import AdvanceInput, budget_for, decide_unblocks
 from agent_reach_controller.decide.outcomes import Budget, Decision
+from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import webhooks
 from agent_reach_controller.services.registry import ToolRegistry
@@ -36,7 +37,6 @@ from agent_reach_controller.services.webhooks import WebhookSender
 from agent_reach_controller.storage import advance_writes as writes_to
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.storage.wakeups import Notifier
 from agent_reach_controller.tools.catalog import ToolSpec
 

@@ -29,9 +29,9 @@ import httpx
 from standardwebhooks.webhooks import Webhook
 
 from agent_reach.times import rfc3339
+from agent_reach_controller.domain.records import StepChange, TaskRow
 from agent_reach_controller.storage import webhooks as outbox
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.records import StepChange, TaskRow
 from agent_reach_controller.storage.webhooks import OutboxRow
 from agent_reach_controller.tools.catalog import RetryPolicy, backoff_delay
 

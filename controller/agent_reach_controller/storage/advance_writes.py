@@ -11,10 +11,10 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import TaskStatus, apply
+from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.commit import json_rows
 from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
-from agent_reach_controller.storage.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.storage.schema import steps, tasks
 from agent_reach_controller.storage.steps import (
     NewEvent,

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition, sources, target
+from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.records import StepRow
 from agent_reach_controller.storage.schema import executor_sessions, steps
 from agent_reach_controller.storage.steps import (
     NewEvent,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.storage.engine import Connection
-from agent_reach_controller.storage.records import EventRow
 from agent_reach_controller.storage.schema import events, tasks
 
 

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 
 from agent_reach.ids import task_id_floor
 from agent_reach.states import StepStatus
+from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.storage.engine import Connection
-from agent_reach_controller.storage.records import StepRow, TaskRow
 from agent_reach_controller.storage.schema import steps, tasks
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -18,16 +18,16 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, TaskStatus, apply, target
-from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.commit import json_rows
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
-from agent_reach_controller.storage.records import (
+from agent_reach_controller.domain.records import (
     EventRow,
     QueuedGroup,
     StepChange,
     StepRow,
     TaskRow,
 )
+from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.commit import json_rows
+from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.storage.schema import (
     UtcDateTime,
     events,

@@ -1,4 +1,5 @@
-"""Rows as frozen values: what the use cases read from storage."""
+"""Rows as frozen values: steps, tasks, events, breakers and decided changes, as the rules and
+the use cases read them (storage fills them)."""
 
 from __future__ import annotations
 
