@@ -34,7 +34,7 @@ from agent_reach_controller.planning.effects import UnitsError, charges_of, decl
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.storage import caps as caps_db
 from agent_reach_controller.storage.engine import Connection, Database
-from agent_reach_controller.storage.steps import NewEvent, append_events
+from agent_reach_controller.storage.events import NewEvent, append_events
 from agent_reach_controller.tools.catalog import ToolSpec
 
 log = logging.getLogger(__name__)

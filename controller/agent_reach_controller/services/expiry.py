@@ -18,6 +18,7 @@ from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.operator import OperatorService, deadline_error
 from agent_reach_controller.services.unit_of_work import UnitOfWork
 from agent_reach_controller.storage import flow, steps
+from agent_reach_controller.storage import tasks as task_store
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class ExpiryService:
         """
         now = datetime.now(UTC)
         async with self._db.transaction() as conn:
-            overdue = await steps.overdue_tasks(conn, now=now, limit=limit)
+            overdue = await task_store.overdue_tasks(conn, now=now, limit=limit)
         for task_id, deadline in overdue:
             await self._operator.end(task_id, error=deadline_error(deadline))
         return len(overdue)

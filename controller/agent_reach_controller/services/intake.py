@@ -26,8 +26,8 @@ from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.settings import DEFAULT_ENVIRONMENT, Environment
 from agent_reach_controller.storage import advance_writes as writes_to
-from agent_reach_controller.storage import catalog
-from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage import catalog, idempotency
+from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage.catalog import CatalogChangedError
 
 
@@ -132,7 +132,7 @@ class IntakeService:
         for _ in range(_KEY_RACES):
             try:
                 return await self._groups(data)
-            except store.KeyTakenError:
+            except idempotency.KeyTakenError:
                 pass
             replayed = await self._replay(data)
             if replayed is not None:
@@ -143,7 +143,7 @@ class IntakeService:
         """The first submit's task for a key already used (None if that record is gone)."""
         assert data.idempotency_key is not None
         async with self._work.db.transaction() as conn:
-            stored = await store.load_idempotency_key(conn, data.scope, data.idempotency_key)
+            stored = await idempotency.load_idempotency_key(conn, data.scope, data.idempotency_key)
             if stored is None:
                 return None
             stored_hash, stored_task = stored
@@ -179,7 +179,7 @@ class IntakeService:
                 for data in group:
                     made.append(await self._add(tx, data, hand_off=True))
                 committing = True
-        except (store.KeyTakenError, CatalogChangedError, HandOffRefused) as refused:
+        except (idempotency.KeyTakenError, CatalogChangedError, HandOffRefused) as refused:
             raise GroupFailed(refused) from refused
         except Exception as failed:
             if not committing:
@@ -195,7 +195,7 @@ class IntakeService:
         task_id = data.task_id or new_task_id()
         now, conn = tx.now, tx.conn
         if data.idempotency_key is not None:
-            await store.claim_idempotency_key(
+            await idempotency.claim_idempotency_key(
                 conn,
                 {
                     "principal": data.scope,
@@ -208,10 +208,10 @@ class IntakeService:
         if data.catalog_revision is not None:
             await catalog.expect_revision(conn, data.catalog_revision)
         trace_id = data.trace_id or new_trace_id()
-        await store.append_events(
+        await event_log.append_events(
             conn,
             [
-                store.NewEvent(
+                event_log.NewEvent(
                     task_id=task_id,
                     kind="task_created",
                     to_status=TaskStatus.PENDING,

@@ -23,6 +23,7 @@ from agent_reach_controller.decide.outcomes import (
 from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.sessions import Session, SessionService
+from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage import sessions as session_rows
 from agent_reach_controller.storage import steps
 from agent_reach_controller.storage.engine import Connection, Database
@@ -291,10 +292,10 @@ async def record_refusal(
     the audit trail shows every late, repeated or foreign claim on a lease."""
     step = refusal.step
     if step is not None:
-        await steps.append_events(
+        await event_log.append_events(
             conn,
             [
-                steps.NewEvent(
+                event_log.NewEvent(
                     task_id=step.task_id,
                     step_id=step.step_id,
                     kind="result_rejected",

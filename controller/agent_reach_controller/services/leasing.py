@@ -31,7 +31,8 @@ from agent_reach_controller.services.limiter import RateLimiter
 from agent_reach_controller.services.sessions import Session
 from agent_reach_controller.services.tool_health import ToolHealth
 from agent_reach_controller.services.unit_of_work import UnitOfWork
-from agent_reach_controller.storage import claims, flow, steps
+from agent_reach_controller.storage import claims, flow
+from agent_reach_controller.storage import tasks as task_store
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.storage.wakeups import ready_key
 from agent_reach_controller.tools.catalog import ToolSpec
@@ -232,7 +233,7 @@ class LeasingService:
                 # Rate limits, caps and breakers change with time alone: never "drained".
                 claimed, due, drained = await self._claim_governed(conn, claim, rules), None, False
                 if claimed:
-                    await steps.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
+                    await task_store.mark_tasks_running(conn, {s.task_id for s in claimed}, now=now)
                 else:
                     due = await claims.next_due(conn, connectors, now=now)
                     paused = rules.pauses.values()

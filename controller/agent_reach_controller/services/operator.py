@@ -28,7 +28,9 @@ from agent_reach_controller.services.queries import (
     read_view,
 )
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage import tasks as task_store
 
 
 class StepNotResolvableError(Exception):
@@ -322,10 +324,10 @@ class OperatorService:
                 raise NotReschedulableError(step.step_id, stayed[0].status)
             # The step named shows the time asked (it never runs: its children carry it).
             named = [step] if parent and await _move(tx, step, data.run_at) else []
-            await store.append_events(
+            await event_log.append_events(
                 tx.conn,
                 [
-                    store.NewEvent(
+                    event_log.NewEvent(
                         task_id=data.task_id,
                         step_id=s.step_id,
                         kind="reschedule",
@@ -360,10 +362,10 @@ class OperatorService:
     ) -> TaskView:
         """Add model tokens the caller spent on a task (any state; tasks are billed after too)."""
         async with self._work.begin() as tx:
-            task = await store.load_task(tx.conn, task_id)
+            task = await task_store.load_task(tx.conn, task_id)
             if task is None or task.tenant != tenant:
                 raise TaskNotFoundError(task_id)
-            await store.add_token_usage(
+            await task_store.add_token_usage(
                 tx.conn, task_id, input_tokens=input_tokens, output_tokens=output_tokens, now=tx.now
             )
             await tx.audit(

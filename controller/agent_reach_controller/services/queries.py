@@ -15,8 +15,10 @@ from agent_reach_controller.decide import approvals
 from agent_reach_controller.domain.records import EventRow, StepRow, TaskRow
 from agent_reach_controller.planning.fanout import parent_of
 from agent_reach_controller.services.caps import task_usage
+from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage import listings
 from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage import tasks as task_store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.listings import Awaiting, TaskFilter
 from agent_reach_controller.storage.wakeups import Notifier, task_key
@@ -90,7 +92,7 @@ def _plan_order(step: StepRow) -> tuple[int, int]:
 
 async def read_view(conn: Connection, task_id: str) -> TaskView:
     """The task, its steps, what it used of its caps and how many tool calls it made."""
-    task = await store.load_task(conn, task_id)
+    task = await task_store.load_task(conn, task_id)
     if task is None:
         raise TaskNotFoundError(task_id)
     steps = await store.load_steps(conn, [task_id])
@@ -98,7 +100,7 @@ async def read_view(conn: Connection, task_id: str) -> TaskView:
         task=task,
         steps=steps,
         usage=await task_usage(conn, task_id),
-        tool_calls=await store.count_tool_calls(conn, task_id),
+        tool_calls=await event_log.count_tool_calls(conn, task_id),
     )
 
 
@@ -177,7 +179,7 @@ class TaskQueries:
     async def step(self, task_id: str, step_id: str, *, tenant: str) -> StepRow:
         """One step of a tenant's task; TaskNotFoundError or StepNotFoundError otherwise."""
         async with self._db.transaction() as conn:
-            task = await store.load_task(conn, task_id)
+            task = await task_store.load_task(conn, task_id)
             if task is None or task.tenant != tenant:
                 raise TaskNotFoundError(task_id)
             found = [s for s in await store.load_steps(conn, [task_id]) if s.step_id == step_id]
@@ -190,7 +192,7 @@ class TaskQueries:
         or the one child of a fan-out or verified step waiting for a decision), so the caller's
         right to decide is checked on its tool; SeveralAwaitingError when several wait."""
         async with self._db.transaction() as conn:
-            task = await store.load_task(conn, task_id)
+            task = await task_store.load_task(conn, task_id)
             if task is None or task.tenant != tenant:
                 raise TaskNotFoundError(task_id)
             steps = await store.load_steps(conn, [task_id])
@@ -202,13 +204,13 @@ class TaskQueries:
     async def in_flight(self, tenant: str, principal: str, *, up_to: int) -> int:
         """How many of this caller's tasks are unfinished (counting stops at `up_to`)."""
         async with self._db.transaction() as conn:
-            return await store.unfinished_tasks(conn, tenant, principal, up_to=up_to)
+            return await task_store.unfinished_tasks(conn, tenant, principal, up_to=up_to)
 
     async def check_tenant(self, task_id: str, tenant: str) -> str:
         """The task's trace id; TaskNotFoundError unless the task exists and belongs to `tenant`
         (the same answer)."""
         async with self._db.transaction() as conn:
-            task = await store.load_task(conn, task_id)
+            task = await task_store.load_task(conn, task_id)
         if task is None or task.tenant != tenant:
             raise TaskNotFoundError(task_id)
         return task.trace_id
@@ -222,13 +224,13 @@ class TaskQueries:
             view = await read_view(conn, task_id)
             if view.task.tenant != tenant:
                 raise TaskNotFoundError(task_id)
-            return view, await store.load_events(conn, task_id, after=0, limit=up_to)
+            return view, await event_log.load_events(conn, task_id, after=0, limit=up_to)
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[EventRow]:
         async with self._db.transaction() as conn:
-            if await store.load_task(conn, task_id) is None:
+            if await task_store.load_task(conn, task_id) is None:
                 raise TaskNotFoundError(task_id)
-            return await store.load_events(conn, task_id, after=after, limit=limit)
+            return await event_log.load_events(conn, task_id, after=after, limit=limit)
 
     async def wait(self, task_id: str, *, within: float) -> TaskView:
         """The task once it is terminal, or as it stands after `within` seconds."""
@@ -239,7 +241,7 @@ class TaskQueries:
             while True:
                 since = self._notifier.snapshot(keys)
                 async with self._db.transaction() as conn:  # the status only, until the end
-                    task = await store.load_task(conn, task_id)
+                    task = await task_store.load_task(conn, task_id)
                 if task is None:
                     raise TaskNotFoundError(task_id)
                 remaining = deadline - loop.time()

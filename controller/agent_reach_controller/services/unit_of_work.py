@@ -35,7 +35,9 @@ from agent_reach_controller.services import webhooks
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.webhooks import WebhookSender
 from agent_reach_controller.storage import advance_writes as writes_to
+from agent_reach_controller.storage import locks
 from agent_reach_controller.storage import steps as store
+from agent_reach_controller.storage import tasks as task_store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.wakeups import Notifier
 from agent_reach_controller.tools.catalog import ToolSpec
@@ -78,7 +80,7 @@ class TaskWork:
     async def lock_steps(self, keys: Sequence[int]) -> dict[int, StepRow]:
         """Lock the tasks of these steps, then read the steps and the tasks (in one go)."""
         # Read once under the lock: step changes never touch task rows.
-        self.tasks, self.steps = await store.lock_steps(self.conn, keys)
+        self.tasks, self.steps = await locks.lock_steps(self.conn, keys)
         self._locked = sorted(self.tasks)
         await self._work.registry.ensure(
             [(s.tool, s.tool_version) for s in self.steps.values()], conn=self.conn
@@ -87,9 +89,9 @@ class TaskWork:
 
     async def lock_task(self, task_id: str) -> TaskRow | None:
         """Lock one task and read it (None if there is no such task)."""
-        await store.lock_tasks(self.conn, [task_id])
+        await locks.lock_tasks(self.conn, [task_id])
         self._locked = [task_id]
-        task = await store.load_task(self.conn, task_id)
+        task = await task_store.load_task(self.conn, task_id)
         self.tasks = {task_id: task} if task is not None else {}
         return task
 
@@ -127,7 +129,7 @@ class TaskWork:
 
     async def request_cancel(self, task: TaskRow) -> None:
         """Mark a locked task cancelled: its next advance settles it so."""
-        await store.request_cancel(self.conn, task.task_id, now=self.now)
+        await task_store.request_cancel(self.conn, task.task_id, now=self.now)
         self.tasks[task.task_id] = replace(task, cancel_requested=True)
         self._moved = True
 

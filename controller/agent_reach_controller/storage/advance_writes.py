@@ -15,16 +15,10 @@ from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.commit import json_rows
 from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
+from agent_reach_controller.storage.events import NewEvent, append_events
 from agent_reach_controller.storage.schema import steps, tasks
-from agent_reach_controller.storage.steps import (
-    NewEvent,
-    append_events,
-    change_steps,
-    finished_at,
-    set_task_status,
-    task_status_event,
-    transition_event,
-)
+from agent_reach_controller.storage.steps import change_steps, transition_event
+from agent_reach_controller.storage.tasks import finished_at, set_task_status, task_status_event
 
 # A transaction's task statuses to write at commit (`AtCommit`), by task.
 _TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"

@@ -14,9 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.engine import Connection, dialect_insert
 from agent_reach_controller.storage.schema import cap_charges, cap_usage, tasks
-from agent_reach_controller.storage.steps import dialect_insert
 
 Key = tuple[str, str]  # (scope, effect class): one counter
 TOTAL = 0  # the bucket of a counter's running total (and its lock)

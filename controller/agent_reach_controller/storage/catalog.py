@@ -11,9 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import before_commit
+from agent_reach_controller.storage.engine import before_commit, dialect_insert
 from agent_reach_controller.storage.schema import catalog_state, tool_changes, tool_heads, tools
-from agent_reach_controller.storage.steps import dialect_insert
 
 
 class CatalogChangedError(Exception):

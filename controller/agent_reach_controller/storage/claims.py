@@ -18,13 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach.states import StepStatus, Transition, sources, target
 from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.events import NewEvent, append_events, events_written
 from agent_reach_controller.storage.schema import executor_sessions, steps
-from agent_reach_controller.storage.steps import (
-    NewEvent,
-    append_events,
-    events_written,
-    mark_tasks_running,
-)
+from agent_reach_controller.storage.tasks import mark_tasks_running
 
 
 async def next_due(

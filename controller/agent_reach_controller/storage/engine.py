@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -419,3 +420,10 @@ class Database:
             with contextlib.suppress(*_LOST):
                 await conn.close()
         await self.engine.dispose()
+
+
+def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
+    """INSERT with ON CONFLICT support in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)

@@ -13,9 +13,8 @@ import sqlalchemy as sa
 
 from agent_reach_controller.domain.records import Breaker, BreakerState
 from agent_reach_controller.storage import catalog, hot
-from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.engine import Connection, dialect_insert
 from agent_reach_controller.storage.schema import breakers, rate_buckets, tool_pauses
-from agent_reach_controller.storage.steps import dialect_insert
 
 
 async def load_breakers(

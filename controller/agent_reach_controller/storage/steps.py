@@ -1,116 +1,33 @@
-"""SQL of steps, tasks and events. Every status write is a guarded compare-and-set.
+"""SQL of steps: reads, and transitions, each a guarded compare-and-set.
 
-Leasing lives beside it in `claims.py`, where an advance's transitions go in
-`advance_writes.py`, the flow-control rows (breakers, rate buckets, pauses) in `flow.py`, and
-the read-only lists (tasks by filter, the approvals inbox) in `listings.py`.
+Each table has its module: tasks in `tasks.py`, the event log in `events.py`, Idempotency-Keys
+in `idempotency.py`, task row locks in `locks.py`. Leasing lives in `claims.py`, where an
+advance's transitions go in `advance_writes.py`, the flow-control rows (breakers, rate buckets,
+pauses) in `flow.py`, and the read-only lists (tasks by filter, the approvals inbox) in
+`listings.py`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_reach.states import StepStatus, TaskStatus, apply, target
-from agent_reach_controller.domain.records import (
-    EventRow,
-    QueuedGroup,
-    StepChange,
-    StepRow,
-    TaskRow,
-)
+from agent_reach.states import StepStatus, apply, target
+from agent_reach_controller.domain.records import QueuedGroup, StepChange, StepRow, TaskRow
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.commit import json_rows
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
-from agent_reach_controller.storage.schema import (
-    UtcDateTime,
-    events,
-    idempotency_keys,
-    steps,
-    tasks,
-)
+from agent_reach_controller.storage.engine import TX_STATE_PREFIX
+from agent_reach_controller.storage.events import NewEvent, append_events
+from agent_reach_controller.storage.schema import UtcDateTime, steps
+from agent_reach_controller.storage.tasks import load_tasks
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewEvent:
-    task_id: str
-    kind: str
-    created_at: datetime
-    step_id: str | None = None
-    from_status: str | None = None
-    to_status: str | None = None
-    attempt: int | None = None
-    data: dict[str, Any] | None = None
-
-
-_EVENTS = f"{TX_STATE_PREFIX}events"
-_WRITTEN = f"{TX_STATE_PREFIX}events_written"
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
-_FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
-
-
-def finished_at(status: TaskStatus, now: datetime) -> datetime | None:
-    """A task's `finished_at` once it has this status."""
-    return now if status in _FINISHED else None
-
-
-async def append_events(conn: AsyncConnection, new: Sequence[NewEvent]) -> None:
-    """Append history rows; a transaction's events are written in one insert before it commits."""
-    if not new:
-        return
-    buffered: list[NewEvent] | None = conn.info.get(_EVENTS)
-    if buffered is None:
-        buffered = conn.info[_EVENTS] = []
-        before_commit(conn, _flush_events)
-    buffered.extend(new)
-
-
-def events_written(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
-    """Say that a statement of this transaction wrote events of these tasks itself (the claim
-    does), so that their followers are told as for appended ones."""
-    written: set[str] = conn.info.setdefault(_WRITTEN, set())
-    written.update(task_ids)
-
-
-def tasks_with_events(conn: AsyncConnection) -> frozenset[str]:
-    """The tasks this transaction has appended events to and not yet flushed, or written by a
-    statement of its own (see notifier)."""
-    buffered: list[NewEvent] = conn.info.get(_EVENTS, [])
-    written: set[str] = conn.info.get(_WRITTEN, set())
-    return frozenset(e.task_id for e in buffered) | written
-
-
-async def _flush_events(conn: AsyncConnection) -> None:
-    new: list[NewEvent] = conn.info.pop(_EVENTS, [])
-    if not new:
-        return
-    rows = [
-        {
-            "task_id": e.task_id,
-            "step_id": e.step_id,
-            "kind": e.kind,
-            "from_status": e.from_status,
-            "to_status": e.to_status,
-            "attempt": e.attempt,
-            "data": e.data,
-            "created_at": e.created_at,
-        }
-        for e in new
-    ]
-    if conn.dialect.name == "postgresql":
-        hot.insert_events(conn, json_rows(rows))
-    else:
-        await conn.execute(events.insert(), rows)
-
-
-# --- steps: reads ---------------------------------------------------------------------------
 
 
 async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
@@ -245,9 +162,6 @@ async def queued_groups(conn: AsyncConnection, *, now: datetime) -> list[QueuedG
         QueuedGroup(tool=t, connector=c, tenant=tenant, depth=int(n), oldest_due=when)
         for t, c, tenant, n, when in rows.all()
     ]
-
-
-# --- steps: transitions ---------------------------------------------------------------------
 
 
 def transition_event(change: StepChange, *, attempt: int, now: datetime) -> NewEvent:
@@ -447,35 +361,6 @@ async def extend_leases(
     return {(r[0], r[1]) for r in (await conn.execute(stmt)).all()}
 
 
-# --- tasks ----------------------------------------------------------------------------------
-
-
-async def load_task(conn: AsyncConnection, task_id: str) -> TaskRow | None:
-    row = (await conn.execute(sa.select(tasks).where(tasks.c.task_id == task_id))).mappings()
-    first = row.first()
-    return TaskRow.from_mapping(first) if first else None
-
-
-async def add_token_usage(
-    conn: AsyncConnection, task_id: str, *, input_tokens: int, output_tokens: int, now: datetime
-) -> TaskRow | None:
-    """Add reported model tokens to a task (one guarded UPDATE: concurrent reports all count)."""
-    row = (
-        await conn.execute(
-            sa.update(tasks)
-            .where(tasks.c.task_id == task_id)
-            .values(
-                input_tokens=tasks.c.input_tokens + input_tokens,
-                output_tokens=tasks.c.output_tokens + output_tokens,
-                updated_at=now,
-            )
-            .returning(*tasks.c)
-        )
-    ).mappings()
-    first = row.first()
-    return TaskRow.from_mapping(first) if first else None
-
-
 async def reschedule_step(
     conn: AsyncConnection,
     step: StepRow,
@@ -500,250 +385,3 @@ async def reschedule_step(
         .values(**values)
     )
     return bool(changed.rowcount)
-
-
-async def count_tool_calls(conn: AsyncConnection, task_id: str) -> int:
-    """Attempts handed to an executor (lease events), every step and retry included."""
-    counted = await conn.execute(
-        sa.select(sa.func.count())
-        .select_from(events)
-        .where(events.c.task_id == task_id, events.c.kind == "lease")
-    )
-    return int(counted.scalar_one())
-
-
-async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, TaskRow]:
-    ids = sorted(set(task_ids))
-    if not ids:
-        return {}
-    if conn.dialect.name == "postgresql":
-        found = await hot.rows(conn, hot.TASKS_BY_ID, {"ids": ids})
-        return {r["task_id"]: TaskRow.from_mapping(r) for r in found}
-    rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
-    return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
-
-
-async def unfinished_tasks(
-    conn: AsyncConnection, tenant: str, principal: str, *, up_to: int
-) -> int:
-    """A caller's pending or running tasks, counted up to `up_to` (newest first, by index)."""
-    mine = (
-        sa.select(tasks.c.task_id)
-        .where(
-            tasks.c.tenant == tenant,
-            tasks.c.principal == principal,
-            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
-        )
-        .limit(up_to)
-        .subquery()
-    )
-    return int((await conn.execute(sa.select(sa.func.count()).select_from(mine))).scalar_one())
-
-
-async def set_task_status(
-    conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
-) -> bool:
-    """Optimistic-locked status change of a task, with its event."""
-    finished = finished_at(status, now)
-    if conn.dialect.name == "postgresql":
-        params = {"task_id": task.task_id, "version": task.version, "status": status}
-        params |= {"now": now, "finished_at": finished}
-        changed = await hot.set_task_status(conn, params)
-    else:
-        stmt = (
-            sa.update(tasks)
-            .where(tasks.c.task_id == task.task_id, tasks.c.version == task.version)
-            .values(status=status, version=task.version + 1, updated_at=now, finished_at=finished)
-        )
-        changed = (await conn.execute(stmt)).rowcount == 1
-    if not changed:
-        return False
-    await append_events(conn, [task_status_event(task.task_id, task.status, status, now=now)])
-    return True
-
-
-def task_status_event(
-    task_id: str, before: TaskStatus, after: TaskStatus, *, now: datetime
-) -> NewEvent:
-    return NewEvent(
-        task_id=task_id, kind="task_status", from_status=before, to_status=after, created_at=now
-    )
-
-
-async def mark_tasks_running(
-    conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
-) -> None:
-    """`pending` → `running` once a first step is leased, inside the claim's transaction.
-
-    Task rows locked by an advance are skipped, never waited for (the claim holds step locks, and
-    locks go task first everywhere else); that advance settles the status itself.
-    """
-    ids = sorted(set(task_ids))
-    if conn.dialect.name == "postgresql":
-        running = await hot.mark_tasks_running(
-            conn, ids, now=now, pending=TaskStatus.PENDING.value, running=TaskStatus.RUNNING.value
-        )
-    else:
-        pending = (
-            sa.select(tasks.c.task_id)
-            .where(tasks.c.task_id.in_(ids), tasks.c.status == TaskStatus.PENDING)
-            .with_for_update(skip_locked=True)
-        )
-        rows = await conn.execute(
-            sa.update(tasks)
-            .where(tasks.c.task_id.in_(pending.scalar_subquery()))
-            .values(status=TaskStatus.RUNNING, version=tasks.c.version + 1, updated_at=now)
-            .returning(tasks.c.task_id)
-        )
-        running = [task_id for (task_id,) in rows.all()]
-    await tasks_started(conn, running, now=now)
-
-
-async def tasks_started(conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime) -> None:
-    """Record `pending` → `running` of these tasks (their rows already say so)."""
-    await append_events(
-        conn,
-        [
-            NewEvent(
-                task_id=task_id,
-                kind="task_status",
-                from_status=TaskStatus.PENDING,
-                to_status=TaskStatus.RUNNING,
-                created_at=now,
-            )
-            for task_id in task_ids
-        ],
-    )
-
-
-async def overdue_tasks(
-    conn: AsyncConnection, *, now: datetime, limit: int
-) -> list[tuple[str, datetime]]:
-    """Unfinished tasks whose deadline has passed, earliest first: (task_id, deadline)."""
-    rows = await conn.execute(
-        sa.select(tasks.c.task_id, tasks.c.deadline)
-        .where(
-            tasks.c.deadline.is_not(None),
-            tasks.c.deadline < now,
-            tasks.c.status.in_([TaskStatus.PENDING, TaskStatus.RUNNING]),
-        )
-        .order_by(tasks.c.deadline)
-        .limit(limit)
-    )
-    return [(r[0], r[1]) for r in rows.all()]
-
-
-async def request_cancel(conn: AsyncConnection, task_id: str, *, now: datetime) -> None:
-    await conn.execute(
-        sa.update(tasks)
-        .where(tasks.c.task_id == task_id)
-        .values(cancel_requested=True, updated_at=now)
-    )
-
-
-async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
-    """Serialise advancement of these tasks between replicas (row locks, in id order)."""
-    ids = sorted(set(task_ids))
-    if ids and conn.dialect.name == "postgresql":
-        await hot.tuples(conn, hot.LOCK_TASKS, {"ids": ids})
-    elif ids:
-        await conn.execute(
-            sa.select(tasks.c.task_id)
-            .where(tasks.c.task_id.in_(ids))
-            .order_by(tasks.c.task_id)
-            .with_for_update()
-        )
-
-
-async def lock_steps(
-    conn: AsyncConnection, keys: Iterable[int]
-) -> tuple[dict[str, TaskRow], dict[int, StepRow]]:
-    """Lock the tasks these steps belong to (in id order), then read those tasks and the steps.
-    One round trip on Postgres."""
-    wanted = sorted(set(keys))
-    if not wanted:
-        return {}, {}
-    if conn.dialect.name != "postgresql":
-        locked = await _lock_tasks_of_steps(conn, wanted)
-        return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted)
-    task_rows, step_rows = await hot.locked_reads(conn, wanted)
-    return (
-        {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
-        {r["id"]: StepRow.from_mapping(r) for r in step_rows},
-    )
-
-
-async def _lock_tasks_of_steps(conn: AsyncConnection, wanted: list[int]) -> list[str]:
-    """Lock the tasks these steps belong to (in id order, like lock_tasks); returns their ids.
-    (SQLite: the writer lock makes it a formality; Postgres reads the rows with the lock.)"""
-    owners = sa.select(steps.c.task_id).where(steps.c.id.in_(wanted))
-    rows = await conn.execute(
-        sa.select(tasks.c.task_id)
-        .where(tasks.c.task_id.in_(owners))
-        .order_by(tasks.c.task_id)
-        .with_for_update()
-    )
-    return [r[0] for r in rows.all()]
-
-
-async def load_events(
-    conn: AsyncConnection, task_id: str, *, after: int = 0, limit: int = 1000
-) -> list[EventRow]:
-    stmt = (
-        sa.select(events)
-        .where(events.c.task_id == task_id, events.c.id > after)
-        .order_by(events.c.id)
-        .limit(limit)
-    )
-    return [EventRow.from_mapping(r) for r in (await conn.execute(stmt)).mappings()]
-
-
-# --- idempotency ---------------------------------------------------------------------------
-
-
-class KeyTakenError(Exception):
-    """Another transaction holds this (principal, Idempotency-Key): nothing here was stored."""
-
-
-async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> None:
-    """Record (principal, key) → task, or raise KeyTakenError (rolling the transaction back).
-
-    A concurrent submit with the same key waits on the unique index until the first one ends,
-    so exactly one task is created per key. On Postgres the insert is part of the commit
-    statement and the error comes at commit; on SQLite it comes at once.
-    """
-    if conn.dialect.name == "postgresql":
-
-        async def claim(c: AsyncConnection) -> None:
-            hot.claim_idempotency_key(c, row, KeyTakenError)
-
-        before_commit(conn, claim)
-        return
-    inserted = await conn.execute(
-        dialect_insert(conn, idempotency_keys)
-        .values(**row)
-        .on_conflict_do_nothing(index_elements=["principal", "key"])
-    )
-    if inserted.rowcount != 1:
-        raise KeyTakenError
-
-
-async def load_idempotency_key(
-    conn: AsyncConnection, principal: str, key: str
-) -> tuple[str, str] | None:
-    """The (request_hash, task_id) stored for (principal, key), if any."""
-    row = (
-        await conn.execute(
-            sa.select(idempotency_keys.c.request_hash, idempotency_keys.c.task_id).where(
-                idempotency_keys.c.principal == principal, idempotency_keys.c.key == key
-            )
-        )
-    ).first()
-    return (row[0], row[1]) if row is not None else None
-
-
-def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
-    """INSERT with ON CONFLICT support in the connection's dialect."""
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)

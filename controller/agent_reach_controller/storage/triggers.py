@@ -9,9 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.engine import Connection, dialect_insert
 from agent_reach_controller.storage.schema import trigger_versions, triggers
-from agent_reach_controller.storage.steps import dialect_insert
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

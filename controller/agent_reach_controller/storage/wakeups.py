@@ -32,7 +32,7 @@ from agent_reach_controller.storage.engine import (
     before_commit,
     on_commit,
 )
-from agent_reach_controller.storage.steps import tasks_with_events
+from agent_reach_controller.storage.events import tasks_with_events
 
 log = logging.getLogger(__name__)
 
