@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent_reach_controller.storage import hot
+from agent_reach_controller.storage import audit, steps, tasks
 
 ROWS = 5000
 
@@ -70,7 +70,7 @@ def test_a_report_sets_task_statuses_by_key(filled: psycopg.Connection[Any]) -> 
     rows = json.dumps(
         [{"task_id": "t7", "version": 1, "status": "succeeded", "now": "2026-12-01T00:00:00+00:00"}]
     )
-    scans = _plan(filled, hot.SET_TASK_STATUSES, {"rows": rows, "expected": 1})
+    scans = _plan(filled, tasks.SET_TASK_STATUSES, {"rows": rows, "expected": 1})
     assert _by_key(scans, "tasks"), scans
 
 
@@ -78,12 +78,12 @@ def test_step_changes_find_steps_by_key(filled: psycopg.Connection[Any]) -> None
     rows = json.dumps(
         [{"id": 7, "seen_status": "running", "seen_attempt": 1, "new_status": "succeeded"}]
     )
-    sql = hot.change_steps_sql((("error", "jsonb"),))
+    sql = steps.change_steps_sql((("error", "jsonb"),))
     scans = _plan(filled, sql, {"rows": rows, "now": "2026-12-01T00:00:00+00:00"})
     assert _by_key(scans, "steps"), scans
 
 
 def test_the_audit_sealer_finds_entries_by_key(filled: psycopg.Connection[Any]) -> None:
     rows = json.dumps([{"id": 7, "seq": 1, "prev_hash": "0", "hash": "1"}])
-    scans = _plan(filled, hot.SEAL_AUDIT_ENTRIES, {"rows": rows})
+    scans = _plan(filled, audit.SEAL_AUDIT_ENTRIES, {"rows": rows})
     assert _by_key(scans, "audit_log"), scans

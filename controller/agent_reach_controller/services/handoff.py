@@ -35,7 +35,7 @@ from agent_reach.states import StepStatus, TaskStatus, Transition
 from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.sessions import Session
-from agent_reach_controller.storage import hot
+from agent_reach_controller.storage import claims
 from agent_reach_controller.storage.advance_writes import NewTask
 from agent_reach_controller.storage.engine import Connection, before_commit, on_commit, undone
 from agent_reach_controller.storage.wakeups import Notifier
@@ -164,7 +164,7 @@ class HandOff:
         new.want_keys(step.id for step, _ in taken)
 
         async def guard(conn: Connection) -> None:
-            hot.expect_hand_off(
+            claims.expect_hand_off(
                 conn,
                 sessions=[w.session.id for _, w in taken],
                 tools=[s.tool for s, _ in taken],
@@ -203,7 +203,7 @@ class HandOff:
 
 
 def _lease(step: StepRow, waiter: Waiter, now: datetime) -> StepChange:
-    """The lease a claim by `waiter` would take (storage/hot.py, CLAIM_READY)."""
+    """The lease a claim by `waiter` would take (storage/claims.py, CLAIM_READY)."""
     return StepChange(
         step=step,
         transition=Transition.LEASE,

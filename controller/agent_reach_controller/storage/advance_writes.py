@@ -18,7 +18,12 @@ from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
 from agent_reach_controller.storage.events import NewEvent, append_events
 from agent_reach_controller.storage.schema import steps, tasks
 from agent_reach_controller.storage.steps import change_steps, transition_event
-from agent_reach_controller.storage.tasks import finished_at, set_task_status, task_status_event
+from agent_reach_controller.storage.tasks import (
+    finished_at,
+    set_task_status,
+    set_task_statuses,
+    task_status_event,
+)
 
 # A transaction's task statuses to write at commit (`AtCommit`), by task.
 _TASK_STATUSES = f"{TX_STATE_PREFIX}task_statuses"
@@ -80,7 +85,7 @@ class AtCommit(Stored):
 
 async def _write_task_statuses(conn: AsyncConnection) -> None:
     rows = list(conn.info.pop(_TASK_STATUSES, {}).values())
-    hot.set_task_statuses(conn, json_rows(rows), expected=len(rows), refusal=TaskChangedError)
+    set_task_statuses(conn, json_rows(rows), expected=len(rows), refusal=TaskChangedError)
 
 
 class NewTask:

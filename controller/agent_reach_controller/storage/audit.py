@@ -22,6 +22,7 @@ from agent_reach_controller.storage.engine import (
     Connection,
     Database,
     before_commit,
+    commit_statement,
 )
 from agent_reach_controller.storage.schema import audit_checkpoints, audit_log
 
@@ -103,8 +104,34 @@ async def insert_entry(  # noqa: PLR0913  (the fields of one entry, all by keywo
         await conn.execute(sa.insert(audit_log).values(**entry))
 
 
+# A transaction's unsealed audit entries (no seq, no hash: the sealer chains them later), in the
+# order recorded.
+INSERT_AUDIT_ENTRIES = """
+INSERT INTO audit_log (at, actor, tenant, action, target, data)
+SELECT e.at, e.actor, e.tenant, e.action, e.target, e.data
+FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+    at timestamptz, actor text, tenant text, action text, target text, data jsonb
+)) WITH ORDINALITY AS e(at, actor, tenant, action, target, data, n)
+ORDER BY e.n
+"""
+
+
+# Audit entries chained by the sealer (audit/log.py), from a JSON array, each only if unsealed.
+SEAL_AUDIT_ENTRIES = f"""
+UPDATE audit_log AS a SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seq bigint, prev_hash text, hash text)
+WHERE a.id = v.id AND a.hash IS NULL AND a.id = ANY({hot.keys_of("id", "bigint")})
+RETURNING a.id
+"""
+
+
+def insert_audit_entries(conn: Connection, rows: str) -> None:
+    """Append audit entries at commit: `rows` is a JSON array of unsealed `audit_log` rows."""
+    commit_statement(conn).write(INSERT_AUDIT_ENTRIES, {"rows": rows})
+
+
 async def _insert_pending(conn: Connection) -> None:
-    hot.insert_audit_entries(conn, json_rows(conn.info.pop(_PENDING, [])))
+    insert_audit_entries(conn, json_rows(conn.info.pop(_PENDING, [])))
 
 
 async def try_seal_lock(conn: Connection, key: str) -> bool:
@@ -190,7 +217,7 @@ async def seal_entries(conn: Connection, seals: Sequence[Seal]) -> int:
     """Write seq, prev_hash and hash on these rows if still unsealed; returns how many were."""
     if conn.dialect.name == "postgresql":  # one statement, not one per row
         rows = [{"id": s.id, "seq": s.seq, "prev_hash": s.prev_hash, "hash": s.hash} for s in seals]
-        return len(await hot.tuples(conn, hot.SEAL_AUDIT_ENTRIES, {"rows": json_rows(rows)}))
+        return len(await hot.tuples(conn, SEAL_AUDIT_ENTRIES, {"rows": json_rows(rows)}))
     result = await conn.execute(
         sa.update(audit_log)
         .where(audit_log.c.id == sa.bindparam("b_id"), audit_log.c.hash.is_(None))

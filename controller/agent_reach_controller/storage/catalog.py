@@ -11,7 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import before_commit, dialect_insert
+from agent_reach_controller.storage.engine import (
+    before_commit,
+    commit_statement,
+    dialect_insert,
+)
 from agent_reach_controller.storage.schema import catalog_state, tool_changes, tool_heads, tools
 
 
@@ -56,10 +60,17 @@ async def load_version(conn: AsyncConnection, name: str, version: str) -> dict[s
     return spec
 
 
+CATALOG_REVISION = "SELECT revision FROM catalog_state WHERE id = 1"
+
+
+# Whether the catalogue is still at the revision a plan was validated against (a submit's guard).
+FRESH_CATALOG = "SELECT revision = %(expected)s AS fresh FROM catalog_state WHERE id = 1"
+
+
 async def revision(conn: AsyncConnection, *, lock: bool = False) -> int:
     """The catalogue's revision; `lock` holds it until commit (one writer at a time)."""
     if not lock and conn.dialect.name == "postgresql":
-        return int((await hot.tuples(conn, hot.CATALOG_REVISION, {}))[0][0])
+        return int((await hot.tuples(conn, CATALOG_REVISION, {}))[0][0])
     query = sa.select(catalog_state.c.revision).where(catalog_state.c.id == 1)
     if lock and conn.dialect.name == "postgresql":
         query = query.with_for_update()
@@ -78,7 +89,9 @@ async def expect_revision(conn: AsyncConnection, expected: int) -> None:
         return
 
     async def guard(c: AsyncConnection) -> None:
-        hot.expect_revision(c, expected, CatalogChangedError)
+        fresh = "coalesce(bool_and(fresh), false)"
+        params = {"expected": expected}
+        commit_statement(c).expect(FRESH_CATALOG, params, holds=fresh, refusal=CatalogChangedError)
 
     before_commit(conn, guard)
 

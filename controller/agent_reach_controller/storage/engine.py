@@ -200,7 +200,7 @@ STORAGE_DOWN: tuple[type[Exception], ...] = (
     InterfaceError,
     PendingRollbackError,
     ConnectionError,
-    # The hot path's statements go through psycopg directly (storage/hot.py).
+    # The hot path's statements go through psycopg directly (storage/hot.py runs them).
     psycopg.OperationalError,
     psycopg.InterfaceError,
 )

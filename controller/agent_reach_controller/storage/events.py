@@ -12,9 +12,13 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.domain.records import EventRow
-from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.commit import json_rows
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX, before_commit
+from agent_reach_controller.storage.engine import (
+    TX_STATE_PREFIX,
+    Connection,
+    before_commit,
+    commit_statement,
+)
 from agent_reach_controller.storage.schema import events
 
 
@@ -62,6 +66,25 @@ def tasks_with_events(conn: AsyncConnection) -> frozenset[str]:
     return frozenset(e.task_id for e in buffered) | written
 
 
+# Every event of a transaction, in one statement, from one JSON array (psycopg dumps one string
+# far faster than eight arrays), in the order appended: their ids are the log's order.
+INSERT_EVENTS = """
+INSERT INTO events (task_id, step_id, kind, from_status, to_status, attempt, data, created_at)
+SELECT e.task_id, e.step_id, e.kind, e.from_status, e.to_status, e.attempt, e.data, e.created_at
+FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb) AS (
+    task_id text, step_id text, kind text, from_status text, to_status text, attempt int,
+    data jsonb, created_at timestamptz
+)) WITH ORDINALITY AS e(task_id, step_id, kind, from_status, to_status, attempt, data,
+    created_at, n)
+ORDER BY e.n
+"""
+
+
+def insert_events(conn: Connection, rows: str) -> None:
+    """Append events at commit: `rows` is a JSON array of `events` rows without their `id`."""
+    commit_statement(conn).write(INSERT_EVENTS, {"rows": rows})
+
+
 async def _flush_events(conn: AsyncConnection) -> None:
     new: list[NewEvent] = conn.info.pop(_EVENTS, [])
     if not new:
@@ -80,7 +103,7 @@ async def _flush_events(conn: AsyncConnection) -> None:
         for e in new
     ]
     if conn.dialect.name == "postgresql":
-        hot.insert_events(conn, json_rows(rows))
+        insert_events(conn, json_rows(rows))
     else:
         await conn.execute(events.insert(), rows)
 

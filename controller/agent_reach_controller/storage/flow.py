@@ -13,7 +13,10 @@ import sqlalchemy as sa
 
 from agent_reach_controller.domain.records import Breaker, BreakerState
 from agent_reach_controller.storage import catalog, hot
-from agent_reach_controller.storage.engine import Connection, dialect_insert
+from agent_reach_controller.storage.engine import (
+    Connection,
+    dialect_insert,
+)
 from agent_reach_controller.storage.schema import breakers, rate_buckets, tool_pauses
 
 
@@ -152,13 +155,24 @@ async def peek_key_buckets(
     return int(row[0]), None if row[1] is None else float(row[1])
 
 
+ACTIVE_PAUSES = "SELECT tool, until FROM tool_pauses WHERE until > %(now)s"
+
+
+# What a claim checks first, in one read: the catalogue's revision and the tools held back now
+# (one row with NULLs when none is).
+REVISION_AND_PAUSES = """
+SELECT (SELECT revision FROM catalog_state WHERE id = 1) AS revision, p.tool, p.until
+FROM (SELECT 1) AS one LEFT JOIN tool_pauses AS p ON p.until > %(now)s
+"""
+
+
 async def revision_and_pauses(
     conn: Connection, *, now: datetime
 ) -> tuple[int, dict[str, datetime]]:
     """The catalogue's revision and `active_pauses`, in one round trip on Postgres."""
     if conn.dialect.name != "postgresql":
         return await catalog.revision(conn), await active_pauses(conn, now=now)
-    found = await hot.rows(conn, hot.REVISION_AND_PAUSES, {"now": now})
+    found = await hot.rows(conn, REVISION_AND_PAUSES, {"now": now})
     pauses = {r["tool"]: r["until"] for r in found if r["tool"] is not None}
     return int(found[0]["revision"]), pauses
 
@@ -166,7 +180,7 @@ async def revision_and_pauses(
 async def active_pauses(conn: Connection, *, now: datetime) -> dict[str, datetime]:
     """Tools held back by their downstream right now, and until when."""
     if conn.dialect.name == "postgresql":
-        found = await hot.rows(conn, hot.ACTIVE_PAUSES, {"now": now})
+        found = await hot.rows(conn, ACTIVE_PAUSES, {"now": now})
         return {r["tool"]: r["until"] for r in found}
     rows = await conn.execute(
         sa.select(tool_pauses.c.tool, tool_pauses.c.until).where(tool_pauses.c.until > now)

@@ -7,13 +7,25 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import before_commit, dialect_insert
+from agent_reach_controller.storage.engine import (
+    before_commit,
+    commit_statement,
+    dialect_insert,
+)
 from agent_reach_controller.storage.schema import idempotency_keys
 
 
 class KeyTakenError(Exception):
     """Another transaction holds this (principal, Idempotency-Key): nothing here was stored."""
+
+
+# A new Idempotency-Key: no row back means another submit holds it.
+CLAIM_IDEMPOTENCY_KEY = """
+INSERT INTO idempotency_keys (principal, key, request_hash, task_id, created_at)
+VALUES (%(principal)s, %(key)s, %(request_hash)s, %(task_id)s, %(created_at)s)
+ON CONFLICT (principal, key) DO NOTHING
+RETURNING task_id
+"""
 
 
 async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> None:
@@ -26,7 +38,10 @@ async def claim_idempotency_key(conn: AsyncConnection, row: dict[str, Any]) -> N
     if conn.dialect.name == "postgresql":
 
         async def claim(c: AsyncConnection) -> None:
-            hot.claim_idempotency_key(c, row, KeyTakenError)
+            refused = KeyTakenError
+            commit_statement(c).expect(
+                CLAIM_IDEMPOTENCY_KEY, row, holds="count(*) = 1", refusal=refused
+            )
 
         before_commit(conn, claim)
         return

@@ -3,23 +3,61 @@ replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
+from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.engine import (
+    Connection,
+    prepare,
+    round_trip,
+)
 from agent_reach_controller.storage.schema import steps, tasks
-from agent_reach_controller.storage.steps import load_steps_by_key
+from agent_reach_controller.storage.steps import STEPS_BY_KEY, load_steps_by_key
 from agent_reach_controller.storage.tasks import load_tasks
+
+# Row locks that serialise advancing these tasks between replicas, in id order.
+LOCK_TASKS = (
+    "SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id FOR UPDATE"
+)
+
+
+# The tasks of these steps, locked in id order and read whole by the same statement.
+LOCK_TASK_ROWS_OF_STEPS = f"""
+SELECT {hot.TASK_COLUMNS} FROM tasks
+WHERE task_id = ANY(ARRAY(SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[])))
+ORDER BY task_id FOR UPDATE
+"""
+
+
+async def locked_reads(
+    conn: Connection, keys: Sequence[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(task rows, step rows) of these steps, the tasks locked first, in one round trip.
+
+    A pipeline runs its statements in order, so the steps are read once the locks are held:
+    what the previous holder committed is visible.
+    """
+    params = {"keys": list(keys)}
+    async with round_trip(conn, pipeline=True) as pg:
+        task_rows, step_rows = pg.cursor(row_factory=dict_row), pg.cursor(row_factory=dict_row)
+        await task_rows.execute(LOCK_TASK_ROWS_OF_STEPS, params, prepare=prepare(pg))
+        await step_rows.execute(STEPS_BY_KEY, params, prepare=prepare(pg))
+    return [hot.utc(r) for r in await task_rows.fetchall()], [
+        hot.utc(r) for r in await step_rows.fetchall()
+    ]
 
 
 async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
     """Serialise advancement of these tasks between replicas (row locks, in id order)."""
     ids = sorted(set(task_ids))
     if ids and conn.dialect.name == "postgresql":
-        await hot.tuples(conn, hot.LOCK_TASKS, {"ids": ids})
+        await hot.tuples(conn, LOCK_TASKS, {"ids": ids})
     elif ids:
         await conn.execute(
             sa.select(tasks.c.task_id)
@@ -40,7 +78,7 @@ async def lock_steps(
     if conn.dialect.name != "postgresql":
         locked = await _lock_tasks_of_steps(conn, wanted)
         return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted)
-    task_rows, step_rows = await hot.locked_reads(conn, wanted)
+    task_rows, step_rows = await locked_reads(conn, wanted)
     return (
         {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
         {r["id"]: StepRow.from_mapping(r) for r in step_rows},

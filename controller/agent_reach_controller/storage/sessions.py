@@ -10,10 +10,13 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg import AsyncCursor
 
 from agent_reach.states import StepStatus
-from agent_reach_controller.storage import hot
-from agent_reach_controller.storage.engine import Connection
+from agent_reach_controller.storage.engine import (
+    Connection,
+    queue_statement,
+)
 from agent_reach_controller.storage.schema import executor_sessions, steps
 
 
@@ -100,6 +103,13 @@ async def newest_live_session(
     return SessionRow.from_mapping(row) if row else None
 
 
+# A live executor session's heartbeat.
+TOUCH_SESSION = """
+UPDATE executor_sessions SET last_seen_at = %(now)s, expires_at = %(expires_at)s
+WHERE id = %(session_id)s AND ended_at IS NULL
+"""
+
+
 async def touch_session(
     conn: Connection,
     session_id: str,
@@ -113,7 +123,12 @@ async def touch_session(
     then): what the transaction does meanwhile is rolled back if the session has ended."""
     if conn.dialect.name == "postgresql":
         params = {"session_id": session_id, "now": now, "expires_at": expires_at}
-        hot.touch_session(conn, params, ended)
+
+        def check(cursor: AsyncCursor[Any]) -> None:
+            if cursor.rowcount == 0:
+                raise ended()
+
+        queue_statement(conn, TOUCH_SESSION, params, check)
         return
     done = await conn.execute(
         sa.update(executor_sessions)

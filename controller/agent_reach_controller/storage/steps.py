@@ -9,22 +9,31 @@ pauses) in `flow.py`, and the read-only lists (tasks by filter, the approvals in
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg import AsyncConnection as PgConnection
+from psycopg import AsyncCursor
+from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, apply, target
 from agent_reach_controller.domain.records import QueuedGroup, StepChange, StepRow, TaskRow
-from agent_reach_controller.storage import hot
+from agent_reach_controller.storage import hot, schema
 from agent_reach_controller.storage.commit import json_rows
-from agent_reach_controller.storage.engine import TX_STATE_PREFIX
+from agent_reach_controller.storage.engine import (
+    TX_STATE_PREFIX,
+    Connection,
+    prepare,
+    round_trip,
+)
 from agent_reach_controller.storage.events import NewEvent, append_events
 from agent_reach_controller.storage.schema import UtcDateTime, steps
-from agent_reach_controller.storage.tasks import load_tasks
+from agent_reach_controller.storage.tasks import TASKS_BY_ID, load_tasks
 
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
@@ -38,6 +47,114 @@ async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[Ste
         sa.select(steps).where(steps.c.task_id.in_(ids)).order_by(steps.c.task_id, steps.c.position)
     )
     return [StepRow.from_mapping(r) for r in rows.mappings()]
+
+
+@functools.lru_cache(maxsize=64)
+def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
+    """Guarded transitions of many steps from a JSON array of rows: one text per set of columns
+    set besides the status (`fields` as (column, SQL type) pairs)."""
+    declared = "".join(f", {name} {kind}" for name, kind in fields)
+    sets = "".join(f", {name} = v.{name}" for name, _ in fields)
+    return (
+        "UPDATE steps AS s SET status = v.new_status, updated_at = %(now)s"
+        + sets
+        + " FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(id bigint, seen_status text,"
+        " seen_attempt bigint, new_status text" + declared + ")"
+        " WHERE s.id = v.id AND s.status = v.seen_status AND s.attempt = v.seen_attempt"
+        f" AND s.id = ANY({hot.keys_of('id', 'bigint')})"
+        " RETURNING s.id, s.attempt"
+    )
+
+
+async def _change_steps_postgres(
+    conn: Connection,
+    groups: Sequence[tuple[tuple[tuple[str, str], ...], str]],
+    *,
+    now: Any,
+    advance_of: Sequence[str] = (),
+) -> tuple[dict[int, int], tuple[list[dict[str, Any]], list[tuple[Any, ...]]] | None]:
+    """Run `change_steps_sql(fields)` over each group's JSON array of rows, in one round trip;
+    ({step key: attempt} moved, and, for the tasks `advance_of`, what their advance reads once
+    the changes are made: the advanceable steps and the status counts, read in the same trip)."""
+    async with round_trip(conn, pipeline=len(groups) > 1 or bool(advance_of)) as pg:
+        sent = []
+        for fields, rows in groups:
+            cur = pg.cursor()
+            await cur.execute(
+                change_steps_sql(fields), {"rows": rows, "now": now}, prepare=prepare(pg)
+            )
+            sent.append(cur)
+        ahead = await _send_advance_reads(pg, advance_of) if advance_of else None
+    moved = {key: attempt for cur in sent for key, attempt in await cur.fetchall()}
+    return moved, (await _advance_rows(*ahead) if ahead else None)
+
+
+async def _send_advance_reads(
+    pg: PgConnection[Any], ids: Sequence[str]
+) -> tuple[AsyncCursor[Any], AsyncCursor[Any]]:
+    """Send what an advance of these tasks reads: their advanceable steps, their status counts."""
+    params = {"ids": list(ids)}
+    steps, counts = pg.cursor(row_factory=dict_row), pg.cursor()
+    await steps.execute(ADVANCEABLE_STEPS, params, prepare=prepare(pg))
+    await counts.execute(STATUS_COUNTS, params, prepare=prepare(pg))
+    return steps, counts
+
+
+async def _advance_rows(
+    steps: AsyncCursor[Any], counts: AsyncCursor[Any]
+) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    return [hot.utc(r) for r in await steps.fetchall()], await counts.fetchall()
+
+
+# Reads of the report and claim paths: whole rows by key, and what an advance needs.
+STEPS_BY_KEY = f"SELECT {hot.STEP_COLUMNS} FROM steps WHERE id = ANY(%(keys)s::bigint[])"
+
+
+BLOCKED_STEPS = f"""
+SELECT {hot.STEP_COLUMNS} FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
+ORDER BY task_id, position
+"""
+
+
+STEPS_BY_NAME = f"""
+SELECT {hot.columns(schema.steps, "s.")} FROM steps AS s
+JOIN unnest(%(task_ids)s::text[], %(step_ids)s::text[]) AS n(task_id, step_id)
+  ON s.task_id = n.task_id AND s.step_id = n.step_id
+"""
+
+
+STATUS_COUNTS = """
+SELECT task_id, status, count(*) FROM steps WHERE task_id = ANY(%(ids)s::text[])
+GROUP BY task_id, status
+"""
+
+
+# The steps an advance needs: the blocked ones and those they depend on, in task order.
+ADVANCEABLE_STEPS = f"""
+WITH b AS (
+    SELECT {hot.STEP_COLUMNS} FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
+)
+SELECT * FROM b
+UNION ALL
+SELECT {hot.columns(schema.steps, "s.")} FROM steps AS s
+WHERE (s.task_id, s.step_id) IN (
+    SELECT b.task_id, d.step_id FROM b, jsonb_array_elements_text(b.depends_on) AS d(step_id)
+) AND s.status <> 'blocked'
+ORDER BY task_id, position
+"""
+
+
+async def advance_reads(
+    conn: Connection, ids: Sequence[str], *, with_tasks: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """(task rows, advanceable step rows, status counts) of these tasks, in one round trip."""
+    async with round_trip(conn, pipeline=True) as pg:
+        task_rows = pg.cursor(row_factory=dict_row)
+        if with_tasks:
+            await task_rows.execute(TASKS_BY_ID, {"ids": list(ids)}, prepare=prepare(pg))
+        sent = await _send_advance_reads(pg, ids)
+    found = [hot.utc(r) for r in await task_rows.fetchall()] if with_tasks else []
+    return found, *await _advance_rows(*sent)
 
 
 async def load_for_advance(
@@ -57,7 +174,7 @@ async def load_for_advance(
     if not with_tasks and ahead is not None and ahead[0] == ids:
         task_rows, step_rows, count_rows = [], ahead[1], ahead[2]
     else:
-        task_rows, step_rows, count_rows = await hot.advance_reads(conn, ids, with_tasks=with_tasks)
+        task_rows, step_rows, count_rows = await advance_reads(conn, ids, with_tasks=with_tasks)
     counts: dict[str, Counter[StepStatus]] = {}
     for task_id, status, count in count_rows:
         counts.setdefault(task_id, Counter())[StepStatus(status)] = int(count)
@@ -76,7 +193,7 @@ async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str])
     pg = conn.dialect.name == "postgresql"
     found: Iterable[Mapping[Any, Any]]
     if pg:
-        found = await hot.rows(conn, hot.BLOCKED_STEPS, {"ids": ids})
+        found = await hot.rows(conn, BLOCKED_STEPS, {"ids": ids})
     else:
         found = (
             await conn.execute(
@@ -94,7 +211,7 @@ async def load_advanceable_steps(conn: AsyncConnection, task_ids: Iterable[str])
         return blocked
     if pg:
         names = {"task_ids": [t for t, _ in needed], "step_ids": [s for _, s in needed]}
-        found = await hot.rows(conn, hot.STEPS_BY_NAME, names)
+        found = await hot.rows(conn, STEPS_BY_NAME, names)
     else:
         found = (
             await conn.execute(
@@ -116,7 +233,7 @@ async def status_counts(
         return {}
     found: Iterable[Sequence[Any]]
     if conn.dialect.name == "postgresql":
-        found = await hot.tuples(conn, hot.STATUS_COUNTS, {"ids": ids})
+        found = await hot.tuples(conn, STATUS_COUNTS, {"ids": ids})
     else:
         found = (
             await conn.execute(
@@ -136,7 +253,7 @@ async def load_steps_by_key(conn: AsyncConnection, keys: Iterable[int]) -> dict[
     if not wanted:
         return {}
     if conn.dialect.name == "postgresql":
-        found = await hot.rows(conn, hot.STEPS_BY_KEY, {"keys": wanted})
+        found = await hot.rows(conn, STEPS_BY_KEY, {"keys": wanted})
         return {r["id"]: StepRow.from_mapping(r) for r in found}
     rows = await conn.execute(sa.select(steps).where(steps.c.id.in_(wanted)))
     return {r["id"]: StepRow.from_mapping(r) for r in rows.mappings()}
@@ -279,7 +396,7 @@ async def _change_steps_set_based(
         ]
         groups.append((fields, json_rows(rows)))
     ids = sorted(set(advance_of))
-    moved, ahead = await hot.change_steps(conn, groups, now=now, advance_of=ids)
+    moved, ahead = await _change_steps_postgres(conn, groups, now=now, advance_of=ids)
     if ahead is not None:
         conn.info[_READ_AHEAD] = (ids, *ahead)
     return moved

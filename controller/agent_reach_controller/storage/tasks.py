@@ -12,6 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach.states import TaskStatus
 from agent_reach_controller.domain.records import TaskRow
 from agent_reach_controller.storage import hot
+from agent_reach_controller.storage.engine import (
+    Connection,
+    commit_statement,
+)
 from agent_reach_controller.storage.events import NewEvent, append_events
 from agent_reach_controller.storage.schema import tasks
 
@@ -49,12 +53,41 @@ async def add_token_usage(
     return TaskRow.from_mapping(first) if first else None
 
 
+# Tasks' statuses at commit, each guarded by the version it was read at; every row must match.
+SET_TASK_STATUSES = f"""
+UPDATE tasks AS t SET status = v.status, version = t.version + 1, updated_at = v.now,
+    finished_at = v.finished_at
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS v(
+    task_id text, version int, status text, now timestamptz, finished_at timestamptz
+)
+WHERE t.task_id = v.task_id AND t.version = v.version
+  AND t.task_id = ANY({hot.keys_of("task_id", "text")})
+RETURNING %(expected)s::int AS expected
+"""
+
+
+def set_task_statuses(
+    conn: Connection, rows: str, *, expected: int, refusal: type[Exception]
+) -> None:
+    """Write tasks' statuses at commit (`rows`: a JSON array); unless all `expected` rows match
+    their version, nothing of the transaction is written and `refusal()` is raised."""
+    commit_statement(conn).expect(
+        SET_TASK_STATUSES,
+        {"rows": rows, "expected": expected},
+        holds="count(*) = coalesce(max(expected), -1)",
+        refusal=refusal,
+    )
+
+
+TASKS_BY_ID = f"SELECT {hot.TASK_COLUMNS} FROM tasks WHERE task_id = ANY(%(ids)s::text[])"
+
+
 async def load_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> dict[str, TaskRow]:
     ids = sorted(set(task_ids))
     if not ids:
         return {}
     if conn.dialect.name == "postgresql":
-        found = await hot.rows(conn, hot.TASKS_BY_ID, {"ids": ids})
+        found = await hot.rows(conn, TASKS_BY_ID, {"ids": ids})
         return {r["task_id"]: TaskRow.from_mapping(r) for r in found}
     rows = await conn.execute(sa.select(tasks).where(tasks.c.task_id.in_(ids)))
     return {r["task_id"]: TaskRow.from_mapping(r) for r in rows.mappings()}
@@ -77,6 +110,14 @@ async def unfinished_tasks(
     return int((await conn.execute(sa.select(sa.func.count()).select_from(mine))).scalar_one())
 
 
+# A task's status, guarded by the version it was read at (optimistic lock).
+SET_TASK_STATUS = """
+UPDATE tasks SET status = %(status)s, version = %(version)s + 1, updated_at = %(now)s,
+    finished_at = %(finished_at)s
+WHERE task_id = %(task_id)s AND version = %(version)s
+"""
+
+
 async def set_task_status(
     conn: AsyncConnection, task: TaskRow, status: TaskStatus, *, now: datetime
 ) -> bool:
@@ -85,7 +126,8 @@ async def set_task_status(
     if conn.dialect.name == "postgresql":
         params = {"task_id": task.task_id, "version": task.version, "status": status}
         params |= {"now": now, "finished_at": finished}
-        changed = await hot.set_task_status(conn, params)
+        cur = await hot.run(conn, SET_TASK_STATUS, hot.bound(params, frozenset()))
+        changed = cur.rowcount == 1
     else:
         stmt = (
             sa.update(tasks)
@@ -107,6 +149,17 @@ def task_status_event(
     )
 
 
+# pending -> running for the tasks of freshly leased steps; rows an advance holds are skipped.
+MARK_TASKS_RUNNING = """
+UPDATE tasks SET status = %(running)s, version = version + 1, updated_at = %(now)s
+WHERE task_id IN (
+    SELECT task_id FROM tasks WHERE task_id = ANY(%(task_ids)s) AND status = %(pending)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING task_id
+"""
+
+
 async def mark_tasks_running(
     conn: AsyncConnection, task_ids: Iterable[str], *, now: datetime
 ) -> None:
@@ -117,9 +170,10 @@ async def mark_tasks_running(
     """
     ids = sorted(set(task_ids))
     if conn.dialect.name == "postgresql":
-        running = await hot.mark_tasks_running(
-            conn, ids, now=now, pending=TaskStatus.PENDING.value, running=TaskStatus.RUNNING.value
-        )
+        params = {"task_ids": ids, "now": now, "pending": TaskStatus.PENDING.value}
+        params["running"] = TaskStatus.RUNNING.value
+        cur = await hot.run(conn, MARK_TASKS_RUNNING, params)
+        running = [task_id for (task_id,) in await cur.fetchall()]
     else:
         pending = (
             sa.select(tasks.c.task_id)

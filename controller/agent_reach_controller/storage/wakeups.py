@@ -20,16 +20,17 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import (
     TX_STATE_PREFIX,
+    Connection,
     before_commit,
+    commit_statement,
     on_commit,
 )
 from agent_reach_controller.storage.events import tasks_with_events
@@ -315,6 +316,16 @@ class _ListeningNotifier(Notifier):
                 delay = min(delay * 2, 5.0)
 
 
+# A transaction's wake-ups, delivered by Postgres when (and only if) it commits.
+NOTIFY = """
+SELECT pg_notify(n->>0, n->>1) FROM jsonb_array_elements(%(messages)s::jsonb) AS n
+"""
+
+
+def notify(conn: Connection, messages: Sequence[tuple[str, str]]) -> None:
+    commit_statement(conn).select(NOTIFY, {"messages": json.dumps(messages)})
+
+
 class PostgresNotifier(_ListeningNotifier):
     """Cross-replica wake-ups over LISTEN/NOTIFY on a dedicated autocommit connection."""
 
@@ -357,7 +368,7 @@ class PostgresNotifier(_ListeningNotifier):
 async def _send_notifies(conn: AsyncConnection) -> None:
     pending: list[tuple[str, str]] = conn.info.pop(_NOTIFY, [])
     if pending:
-        hot.notify(conn, pending)
+        notify(conn, pending)
 
 
 class RedisNotifier(_ListeningNotifier):
