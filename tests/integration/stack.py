@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,9 @@ import yaml
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.domain.records import StepRow
+from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
+from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 
 TOOLS: list[dict[str, Any]] = [
@@ -80,6 +82,72 @@ async def api_client(
     transport = httpx.ASGITransport(app=create_app(c))
     async with httpx.AsyncClient(transport=transport, base_url=base_url, headers=headers) as client:
         yield client
+
+
+async def submit(
+    c: Components, body: dict[str, Any], *, tenant: str = "default", key: str | None = None
+) -> str:
+    """The id of a task of this plan, handed to intake directly as the API does once it has
+    checked the caller (no HTTP, no API key); `key` is its Idempotency-Key."""
+    plan = parse_plan(body, c.catalog)
+    data = SubmitInput(plan=plan, request=body, tenant=tenant, idempotency_key=key)
+    return (await c.intake.submit(data)).task_id
+
+
+async def post_task(
+    api: httpx.AsyncClient,
+    body: Any,
+    *,
+    expect: int | None = 202,
+    headers: Mapping[str, str] | None = None,
+) -> httpx.Response:
+    """POST /v1/tasks with `body` (JSON, or bytes sent as they are); the answer, which must have
+    the status `expect` (None: any)."""
+    if isinstance(body, bytes):
+        raw = {"content-type": "application/json", **(headers or {})}
+        answer = await api.post("/v1/tasks", content=body, headers=raw)
+    else:
+        answer = await api.post("/v1/tasks", json=body, headers=headers)
+    if expect is not None:
+        assert answer.status_code == expect, answer.text
+    return answer
+
+
+async def start_task(
+    api: httpx.AsyncClient, body: Any, *, headers: Mapping[str, str] | None = None
+) -> str:
+    """The id of a task submitted over HTTP (and accepted)."""
+    task_id: str = (await post_task(api, body, headers=headers)).json()["task_id"]
+    return task_id
+
+
+async def claim(
+    c: Components,
+    *,
+    wait: float | None = 0,
+    limit: int = 10,
+    executor: str = "t",
+    connectors: Sequence[str] = ("echo",),
+) -> list[StepRow]:
+    """Ready steps leased as an executor leases them: by a long poll of up to `wait` seconds, or
+    with `wait=None` by one plain claim (no waiting, and no shortcut for a queue the last poll
+    found drained)."""
+    if wait is None:
+        return await c.leasing.claim(executor_id=executor, connectors=connectors, limit=limit)
+    return list(
+        await c.leasing.poll(executor_id=executor, connectors=connectors, limit=limit, wait=wait)
+    )
+
+
+async def steps_of(c: Components, task_id: str) -> dict[str, StepRow]:
+    """A task's steps as stored, by step id."""
+    return {s.step_id: s for s in (await c.queries.get(task_id)).steps}
+
+
+async def steps_shown(api: httpx.AsyncClient, task_id: str) -> dict[str, dict[str, Any]]:
+    """A task's steps as GET /v1/tasks/{id} shows them, by step id."""
+    task = (await api.get(f"/v1/tasks/{task_id}")).json()
+    return {s["step_id"]: s for s in task["steps"]}
 
 
 def ok(step: StepRow, output: Any) -> AttemptResult:

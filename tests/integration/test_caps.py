@@ -15,11 +15,19 @@ import sqlalchemy as sa
 import yaml
 
 from agent_reach_controller.domain.records import StepRow
-from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.storage.schema import cap_charges, cap_usage, steps
-from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    claim,
+    components_for,
+    failed,
+    ok,
+    steps_of,
+    submit,
+    write_tools,
+)
 
 FAST_RETRY = {"initial_interval": "10ms", "maximum_attempts": 3, "jitter": False}
 MSG = {
@@ -70,20 +78,6 @@ def sends(n: int, tool: str = "msg.send", *, prefix: str = "m") -> list[dict[str
     return [{"step_id": f"{prefix}{i}", "tool": tool, "when": "true"} for i in range(n)]
 
 
-async def submit(c: Components, body: dict[str, Any], *, tenant: str = "default") -> str:
-    plan = parse_plan(body, c.catalog)
-    done = await c.intake.submit(SubmitInput(plan=plan, request=body, tenant=tenant))
-    return done.task_id
-
-
-async def steps_of(c: Components, task_id: str) -> dict[str, StepRow]:
-    return {s.step_id: s for s in (await c.queries.get(task_id)).steps}
-
-
-async def claim(c: Components, limit: int = 50) -> list[StepRow]:
-    return await c.leasing.claim(executor_id="x", connectors=["echo"], limit=limit)
-
-
 async def totals(c: Components) -> dict[tuple[str, str], float]:
     async with c.db.transaction() as conn:
         rows = await conn.execute(
@@ -116,9 +110,9 @@ async def test_a_plan_cap_refuses_the_message_over_it_with_a_receipt(
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path, CAPPED_TOOLS)) as c:
         task_id = await submit(c, {"steps": sends(3), "caps": {"message": 2}})
-        handed_out = await claim(c)
+        handed_out = await claim(c, wait=None)
         assert [s.step_id for s in handed_out] == ["m0", "m1"]  # exactly at the cap: allowed
-        assert await claim(c) == []
+        assert await claim(c, wait=None) == []
         third = (await steps_of(c, task_id))["m2"]
         assert (third.status.value, third.attempt, third.lease_owner) == ("failed", 1, None)
         error = third.receipt["error"]
@@ -134,7 +128,7 @@ async def test_a_plan_cap_refuses_the_message_over_it_with_a_receipt(
         ]
         assert (await totals(c))[(f"task:{task_id}", "message")] == 2
         for step in handed_out:
-            await c.reporting.report(executor_id="x", results=[ok(step, {})])
+            await c.reporting.report(executor_id="t", results=[ok(step, {})])
         async with api_client(c) as client:
             shown = (await client.get(f"/v1/tasks/{task_id}")).json()
         assert shown["status"] == "failed"
@@ -153,15 +147,15 @@ async def test_at_most_one_payment_even_when_it_is_retried(
             "caps": {"payment": 1},
         }
         task_id = await submit(c, body)
-        [first] = await claim(c)
+        [first] = await claim(c, wait=None)
         await c.reporting.report(
-            executor_id="x", results=[failed(first, "downstream_unavailable", retryable=True)]
+            executor_id="t", results=[failed(first, "downstream_unavailable", retryable=True)]
         )
         # The retry of the same payment is not a second payment: it is handed out again.
-        [again] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+        [again] = await claim(c, wait=5, limit=5)
         assert (again.step_id, again.attempt) == ("p1", 2)
-        await c.reporting.report(executor_id="x", results=[ok(again, {"paid": True})])
-        assert await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=0) == []
+        await c.reporting.report(executor_id="t", results=[ok(again, {"paid": True})])
+        assert await claim(c, wait=0, limit=5) == []
         after = await steps_of(c, task_id)
         assert after["p1"].status.value == "succeeded"
         assert after["p2"].status.value == "failed"
@@ -174,7 +168,7 @@ async def test_at_most_one_payment_even_when_it_is_retried(
 async def test_a_lease_that_expires_is_not_charged_twice(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path, CAPPED_TOOLS)) as c:
         task_id = await submit(c, {"steps": sends(1, "pay.charge"), "caps": {"payment": 1}})
-        [first] = await claim(c)
+        [first] = await claim(c, wait=None)
         async with c.db.transaction() as conn:  # the executor went silent a while ago
             await conn.execute(
                 sa.update(steps)
@@ -182,7 +176,7 @@ async def test_a_lease_that_expires_is_not_charged_twice(database_url: str, tmp_
                 .values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
             )
         assert await c.expiry.reap_expired() == 1
-        [again] = await c.leasing.poll(executor_id="y", connectors=["echo"], limit=5, wait=5)
+        [again] = await claim(c, wait=5, limit=5, executor="y")
         assert (again.id, again.attempt) == (first.id, 2)
         assert len(await charges(c, task_id)) == 1
 
@@ -204,9 +198,9 @@ async def test_the_units_can_come_from_the_resolved_arguments(
             "caps": {"rows": 3},
         }
         task_id = await submit(c, body)  # accepted: 'rows' is not known before `fetch` runs
-        [fetch] = await claim(c)
-        await c.reporting.report(executor_id="x", results=[ok(fetch, {"rows": [1, 2, 3, 4]})])
-        assert await claim(c) == []
+        [fetch] = await claim(c, wait=None)
+        await c.reporting.report(executor_id="t", results=[ok(fetch, {"rows": [1, 2, 3, 4]})])
+        assert await claim(c, wait=None) == []
         write = (await steps_of(c, task_id))["write"]
         assert write.receipt["error"]["code"] == "cap_exceeded"
         assert "would use 4 of 'rows'" in write.error["message"]
@@ -217,13 +211,13 @@ async def test_a_fallback_is_charged_under_its_own_class(database_url: str, tmp_
     async with components_for(database_url, write_tools(tmp_path, CAPPED_TOOLS)) as c:
         body = {"steps": sends(2, "sms.send"), "caps": {"message": 2, "call": 1}}
         task_id = await submit(c, body)
-        texts = await claim(c)
+        texts = await claim(c, wait=None)
         assert [s.tool for s in texts] == ["sms.send", "sms.send"]
         for text in texts:  # both fail for good: each goes to its fallback, voice.call
             await c.reporting.report(
-                executor_id="x", results=[failed(text, "downstream_rejected", retryable=False)]
+                executor_id="t", results=[failed(text, "downstream_rejected", retryable=False)]
             )
-        calls = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
+        calls = await claim(c, wait=5, limit=5)
         assert [s.tool for s in calls] == ["voice.call"]  # one call allowed, not two
         after = await steps_of(c, task_id)
         refused = next(s for s in after.values() if s.status.value == "failed")
@@ -249,7 +243,7 @@ async def test_a_tenant_window_cap_holds_across_tasks(database_url: str, tmp_pat
         one = await submit(c, {"steps": sends(1, "pay.charge")}, tenant="acme")
         two = await submit(c, {"steps": sends(2, "pay.charge")}, tenant="acme")
         other = await submit(c, {"steps": sends(2, "pay.charge")}, tenant="beta")
-        handed_out = await claim(c)
+        handed_out = await claim(c, wait=None)
         assert sorted((s.task_id, s.step_id) for s in handed_out) == sorted(
             [(one, "m0"), (two, "m0"), (other, "m0"), (other, "m1")]
         )
@@ -261,7 +255,7 @@ async def test_a_tenant_window_cap_holds_across_tasks(database_url: str, tmp_pat
         )
         # Every tenant's tasks ("*") may send one message each, whatever they ask for.
         task_id = await submit(c, {"steps": sends(2), "caps": {"message": 5}}, tenant="beta")
-        assert [s.step_id for s in await claim(c)] == ["m0"]
+        assert [s.step_id for s in await claim(c, wait=None)] == ["m0"]
         capped = (await steps_of(c, task_id))["m1"]
         assert "tenant beta's per-task cap on 'message' is 1" in capped.error["message"]
 
@@ -285,7 +279,7 @@ async def test_old_usage_leaves_a_tenant_window(database_url: str, tmp_path: Pat
                 ],
             )
         task_id = await submit(c, {"steps": sends(1, "pay.charge")}, tenant="acme")
-        assert await claim(c) == []
+        assert await claim(c, wait=None) == []
         assert (
             "1 has been used in the last 1m" in (await steps_of(c, task_id))["m0"].error["message"]
         )
@@ -296,7 +290,7 @@ async def test_old_usage_leaves_a_tenant_window(database_url: str, tmp_path: Pat
                 .values(bucket=cap_usage.c.bucket - 120)
             )  # both are now older than the window: the next payment fits
         await submit(c, {"steps": sends(1, "pay.charge")}, tenant="acme")
-        assert len(await claim(c)) == 1
+        assert len(await claim(c, wait=None)) == 1
         async with c.db.transaction() as conn:
             buckets = (
                 await conn.execute(

@@ -23,8 +23,16 @@ from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage.schema import steps
 from agent_reach_executor import ExecutorSettings, run_executor
-from tests.integration.stack import TOOLS, api_client, components_for, failed, key_for, ok
-from tests.integration.stack import write_tools as tools_file
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    components_for,
+    failed,
+    key_for,
+    ok,
+    start_task,
+    write_tools,
+)
 from tests.support.sink import Response, Sink
 
 SCHEMA = {"type": "object", "properties": {"to": {"type": "string"}}}
@@ -53,11 +61,8 @@ PLAN = {
         {"step_id": "note", "tool": "note.add", "args": {"to": "acct-1"}},
     ]
 }
+ENV_TOOLS = [*TOOLS, PAY, NOTE, POST]
 ROLES = DEFAULT.model_dump(mode="json")["roles"]
-
-
-def write_tools(directory: Path, more: list[dict[str, Any]] | None = None) -> Path:
-    return tools_file(directory, [*TOOLS, PAY, NOTE, POST, *(more or [])])
 
 
 async def until(check: Any, *, within: float = 10.0) -> Any:
@@ -69,13 +74,11 @@ async def until(check: Any, *, within: float = 10.0) -> Any:
     return found
 
 
-async def submit(c: Components, body: Any, **key: Any) -> tuple[str, dict[str, str]]:
-    """A task submitted over HTTP by an operator key; (its id, that key's headers)."""
+async def as_agent(c: Components, body: Any, **key: Any) -> tuple[str, dict[str, str]]:
+    """A task submitted over HTTP by a new operator key; (its id, that key's headers)."""
     headers = await key_for(c, roles=("operator",), name="agent", **key)
     async with api_client(c) as client:
-        answer = await client.post("/v1/tasks", json=body, headers=headers)
-    assert answer.status_code == 202, answer.text
-    return answer.json()["task_id"], headers
+        return await start_task(client, body, headers=headers), headers
 
 
 async def statuses(c: Components, task_id: str) -> dict[str, str]:
@@ -93,8 +96,10 @@ async def run_ready(c: Components) -> list[str]:
 async def test_prod_makes_a_write_wait_for_approval_unless_its_tool_is_exempted(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with components_for(database_url, write_tools(tmp_path), environment="prod") as c:
-        task_id, agent = await submit(c, PLAN)
+    async with components_for(
+        database_url, write_tools(tmp_path, ENV_TOOLS), environment="prod"
+    ) as c:
+        task_id, agent = await as_agent(c, PLAN)
         assert await run_ready(c) == ["look", "note"]  # the exempted write runs at once
         assert (await statuses(c, task_id))["pay"] == "awaiting_approval"
         approver = await key_for(c, roles=("approver",), name="carol")
@@ -125,8 +130,10 @@ async def test_prod_makes_a_write_wait_for_approval_unless_its_tool_is_exempted(
 
 
 async def test_dev_lets_every_write_run_at_once(database_url: str, tmp_path: Path) -> None:
-    async with components_for(database_url, write_tools(tmp_path)) as c:  # the default: dev
-        task_id, _ = await submit(c, PLAN)
+    async with components_for(
+        database_url, write_tools(tmp_path, ENV_TOOLS)
+    ) as c:  # the default: dev
+        task_id, _ = await as_agent(c, PLAN)
         assert await run_ready(c) == ["look", "note", "pay"]
         view = await c.queries.get(task_id)
     assert view.task.environment == "dev"
@@ -138,16 +145,18 @@ async def test_a_prod_write_is_held_to_its_approval_like_a_dangerous_step(
 ) -> None:
     """At lease the approval must be for these arguments; nobody deciding in time rejects it."""
     settings = {"environment": "prod", "approval_timeout_seconds": 0.05}
-    async with components_for(database_url, write_tools(tmp_path), **settings) as c:
-        task_id, _ = await submit(c, PLAN)
+    async with components_for(database_url, write_tools(tmp_path, ENV_TOOLS), **settings) as c:
+        task_id, _ = await as_agent(c, PLAN)
         rejected = await until(c.expiry.expire_approvals)
         assert rejected == 1
         pay = next(s for s in (await c.queries.get(task_id)).steps if s.step_id == "pay")
         assert pay.status.value == "rejected"
         assert pay.error["message"].startswith("not approved in time")
 
-    async with components_for(database_url, write_tools(tmp_path), environment="prod") as c:
-        task_id, _ = await submit(c, PLAN)
+    async with components_for(
+        database_url, write_tools(tmp_path, ENV_TOOLS), environment="prod"
+    ) as c:
+        task_id, _ = await as_agent(c, PLAN)
         approver = await key_for(c, roles=("approver",), name="carol")
         async with api_client(c) as client:
             url = f"/v1/tasks/{task_id}/steps/pay/approval"
@@ -172,10 +181,10 @@ async def test_a_tenants_own_environment_beats_the_controllers(
     policy = tmp_path / "policy.yaml"
     tenants = {"lab": {"environment": "dev"}, "trial": {"environment": "sandbox"}}
     policy.write_text(yaml.safe_dump({"roles": ROLES, "tenants": tenants}))
-    tools = write_tools(tmp_path)
+    tools = write_tools(tmp_path, ENV_TOOLS)
     async with components_for(database_url, tools, environment="prod", policy=policy) as c:
-        in_prod, _ = await submit(c, PLAN)  # tenant "default": the controller's prod
-        in_lab, _ = await submit(c, PLAN, tenant="lab")
+        in_prod, _ = await as_agent(c, PLAN)  # tenant "default": the controller's prod
+        in_lab, _ = await as_agent(c, PLAN, tenant="lab")
         assert await run_ready(c) == ["look", "look", "note", "note", "pay"]
         assert (await statuses(c, in_prod))["pay"] == "awaiting_approval"
         assert (await statuses(c, in_lab))["pay"] == "succeeded"
@@ -190,7 +199,9 @@ async def test_a_tenants_own_environment_beats_the_controllers(
 async def test_a_plan_in_the_sandbox_is_refused_where_a_write_has_no_target(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with components_for(database_url, write_tools(tmp_path), environment="sandbox") as c:
+    async with components_for(
+        database_url, write_tools(tmp_path, ENV_TOOLS), environment="sandbox"
+    ) as c:
         headers = await key_for(c, roles=("operator",), name="agent")
         async with api_client(c) as client:
             refused = await client.post("/v1/tasks", json=PLAN, headers=headers)
@@ -220,8 +231,10 @@ async def test_a_turn_in_the_sandbox_refuses_only_the_call_without_a_target(
             },
         ],
     }
-    async with components_for(database_url, write_tools(tmp_path), environment="sandbox") as c:
-        task_id, headers = await submit(c, turn)
+    async with components_for(
+        database_url, write_tools(tmp_path, ENV_TOOLS), environment="sandbox"
+    ) as c:
+        task_id, headers = await as_agent(c, turn)
         leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         assert sorted(s.step_id for s in leased) == ["c1", "c3"]
         post = next(s for s in leased if s.step_id == "c3")
@@ -251,7 +264,7 @@ async def test_a_sandbox_write_that_slipped_past_the_submit_is_refused_at_lease(
 ) -> None:
     """A submit path that did not check (here: the intake called directly) still writes
     nothing live: the lease refuses the step."""
-    async with components_for(database_url, write_tools(tmp_path)) as c:
+    async with components_for(database_url, write_tools(tmp_path, ENV_TOOLS)) as c:
         body = {"steps": [{"step_id": "pay", "tool": "pay.send", "args": {}}]}
         plan = parse_plan(body, c.catalog)  # checked for dev
         done = await c.intake.submit(SubmitInput(plan=plan, request=body, environment="sandbox"))
@@ -275,10 +288,10 @@ async def test_a_fallback_is_taken_only_where_it_may_run(
         "retry": {"maximum_attempts": 1},
         "fallback": "pay.send",
     }
-    tools = write_tools(tmp_path, [flaky])
+    tools = write_tools(tmp_path, [*ENV_TOOLS, flaky])
     async with components_for(database_url, tools, environment=environment) as c:
         body = {"steps": [{"step_id": "r", "tool": "rates.read", "args": {}}]}
-        task_id, _ = await submit(c, body)
+        task_id, _ = await as_agent(c, body)
         [step] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         await c.reporting.report(
             executor_id="x", results=[failed(step, "invalid_arguments", retryable=False)]
@@ -294,7 +307,10 @@ async def test_a_bad_sandbox_is_refused_when_the_tool_is_saved(
     database_url: str, tmp_path: Path
 ) -> None:
     reader = {**TOOLS[0], "name": "echo.read"}
-    async with components_for(database_url, write_tools(tmp_path)) as c, api_client(c) as api:
+    async with (
+        components_for(database_url, write_tools(tmp_path, ENV_TOOLS)) as c,
+        api_client(c) as api,
+    ):
         writes = await api.post("/v1/tools", json={**reader, "sandbox": {"write": True}})
         empty = await api.post("/v1/tools", json={**PAY, "name": "pay.other", "sandbox": {}})
         good = await api.post("/v1/tools", json={**reader, "sandbox": {"output": "x"}})
@@ -327,7 +343,7 @@ async def test_a_real_executor_sends_a_sandbox_write_to_the_sandbox_target(
         }
         settings = ControllerSettings(
             database_url=database_url,
-            tools=[tools_file(tmp_path, [ledger])],
+            tools=[write_tools(tmp_path, [ledger])],
             http="127.0.0.1:0",
             grpc="127.0.0.1:0",
             environment="sandbox",

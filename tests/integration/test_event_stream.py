@@ -26,7 +26,7 @@ from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import EventFeed, FeedTimings, FollowInput, Settling
 from agent_reach_controller.storage.wakeups import PostgresNotifier, RedisNotifier
-from tests.integration.stack import components_for, failed, key_for, ok, write_tools
+from tests.integration.stack import components_for, failed, key_for, ok, start_task, write_tools
 
 CHAIN = {
     "steps": [
@@ -128,13 +128,6 @@ async def http(c: Components, **key: Any) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def submit(client: httpx.AsyncClient, body: dict[str, Any] = CHAIN) -> str:
-    response = await client.post("/v1/tasks", json=body)
-    assert response.status_code == 202, response.text
-    task_id: str = response.json()["task_id"]
-    return task_id
-
-
 async def run_step(c: Components, *, fail: bool = False) -> None:
     [step] = await c.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
     result = failed(step, "not_found", retryable=False) if fail else ok(step, {"n": 1})
@@ -156,7 +149,7 @@ async def test_the_stream_delivers_every_event_in_order_then_ends(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         # Submitting committed task_created and a's unblock before the stream opened.
         await live.until(lambda f: len(f.events) >= 2)
@@ -182,7 +175,7 @@ async def test_resuming_after_an_event_has_no_gaps_and_no_repeats(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         path = f"/v1/tasks/{task_id}/events"
         first = Follower(client, path, SSE)
         await first.until(lambda f: len(f.events) >= 2)
@@ -215,7 +208,7 @@ async def test_a_failed_task_ends_its_stream_with_its_status(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         await run_step(c, fail=True)
         await live.closed()
@@ -227,7 +220,7 @@ async def test_another_tenants_task_is_not_found_and_a_key_is_needed(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         path = f"/v1/tasks/{task_id}/events"
         other = await key_for(c, tenant="other", name="stranger")
         theirs = await client.get(path, headers={**SSE, **other})
@@ -249,7 +242,7 @@ async def test_streams_beyond_the_cap_are_refused_with_429(
         components_for(database_url, write_tools(tmp_path), max_event_streams=1) as c,
         http(c) as client,
     ):
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         path = f"/v1/tasks/{task_id}/events"
         first = Follower(client, path, SSE)
         await first.until(lambda f: f.events)
@@ -275,7 +268,7 @@ async def test_a_quiet_stream_sends_heartbeats_and_closes_at_its_duration_limit(
         components_for(sqlite_url, write_tools(tmp_path), **settings) as c,
         http(c) as client,
     ):
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         path = f"/v1/tasks/{task_id}/events"
         quiet = Follower(client, path, SSE)
         await quiet.until(lambda f: f.parser.comments >= 2)
@@ -296,7 +289,7 @@ async def test_shutting_down_ends_open_streams_without_an_end(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with components_for(sqlite_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         await live.until(lambda f: f.events)
         await c.feed.close()
@@ -321,7 +314,7 @@ async def test_step_events_wake_a_stream_served_by_another_replica(
         http(serving_replica) as client,
     ):
         serving_replica.feed.timings = FeedTimings(recheck=3600.0)
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         await live.until(lambda f: len(f.events) >= 2)
         # The stream announced that it follows the task; once the other replica has heard it,
@@ -345,7 +338,7 @@ async def test_every_event_wakes_a_stream_in_the_same_process(
     """Claims publish no wake-up of their own; their events still wake the stream at once."""
     async with components_for(sqlite_url, write_tools(tmp_path)) as c, http(c) as client:
         c.feed.timings = FeedTimings(recheck=3600.0)
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         live = Follower(client, f"/v1/tasks/{task_id}/events", SSE)
         await live.until(lambda f: len(f.events) >= 2)
         await c.leasing.claim(executor_id="e1", connectors=["echo"], limit=1)
@@ -376,7 +369,7 @@ async def test_an_event_committed_late_under_a_lower_id_is_not_skipped(
     """A transaction takes event id N and commits after another's N+1: the feed holds N+1
     back until N's transaction has finished, then delivers both, in id order."""
     async with components_for(postgres_url, write_tools(tmp_path)) as c, http(c) as client:
-        task_id = await submit(client)
+        task_id = await start_task(client, CHAIN)
         feed = EventFeed(db=c.db, notifier=c.notifier, timings=FeedTimings(settle_limit=3600))
         before = await listed(client, task_id)
         async with await psycopg.AsyncConnection.connect(

@@ -5,16 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent_reach_controller.planning.plan import parse_plan
-from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.intake import SubmitInput
-from tests.integration.stack import components_for, write_tools
-
-
-async def submit(c: Components, who: str, steps: list[dict[str, Any]], **plan: Any) -> None:
-    body = {"steps": steps, **plan}
-    parsed = parse_plan(body, c.catalog)
-    await c.intake.submit(SubmitInput(plan=parsed, request=body, tenant=who))
+from tests.integration.stack import components_for, submit, write_tools
 
 
 def echo(prefix: str, n: int) -> list[dict[str, Any]]:
@@ -25,9 +16,9 @@ async def test_one_submitters_burst_does_not_starve_anothers_single_step(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        await submit(c, "tenant-a", echo("a", 300))
-        await submit(c, "tenant-b", echo("b", 1))
-        await submit(c, "tenant-c", echo("c", 2))
+        await submit(c, {"steps": echo("a", 300)}, tenant="tenant-a")
+        await submit(c, {"steps": echo("b", 1)}, tenant="tenant-b")
+        await submit(c, {"steps": echo("c", 2)}, tenant="tenant-c")
         first = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=6)
         assert [s.step_id for s in sorted(first, key=lambda s: s.id)] == [
             "a0",
@@ -46,13 +37,13 @@ async def test_higher_priority_runs_first_and_a_step_may_set_its_own(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        await submit(c, "ops", echo("low", 5), priority=-5)
-        await submit(c, "ops", echo("mid", 3))
+        await submit(c, {"steps": echo("low", 5), "priority": -5}, tenant="ops")
+        await submit(c, {"steps": echo("mid", 3)}, tenant="ops")
         urgent = [
             *echo("hi", 2),
             {"step_id": "top", "tool": "echo.say", "args": {}, "priority": 99},
         ]
-        await submit(c, "ops", urgent, priority=10)
+        await submit(c, {"steps": urgent, "priority": 10}, tenant="ops")
         order = []
         while batch := await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2):
             order += sorted(batch, key=lambda s: (-s.priority, s.id))

@@ -8,9 +8,17 @@ from typing import Any
 
 import pytest
 
-from agent_reach_controller.domain.records import StepRow
-from agent_reach_controller.runtime import Components
-from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    claim,
+    components_for,
+    failed,
+    ok,
+    start_task,
+    steps_shown,
+    write_tools,
+)
 
 TARGET = {
     "type": "object",
@@ -45,24 +53,13 @@ def notify(step_id: str = "tell", **extra: Any) -> dict[str, Any]:
     return {"step_id": step_id, "tool": "notify.send", "args": args, **extra}
 
 
-async def claim(c: Components) -> list[StepRow]:
-    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=0))
-
-
-async def submit(api: Any, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    answer = await api.post("/v1/tasks", json=body)
-    assert answer.status_code == 202, answer.text
-    task_id = answer.json()["task_id"]
-    return task_id, (await api.get(f"/v1/tasks/{task_id}")).json()
-
-
 async def test_each_target_is_its_own_step_and_the_step_records_them_all(
     database_url: str, tmp_path: Path
 ) -> None:
     tools = write_tools(tmp_path, TOOLS_WITH_NOTIFY)
     async with components_for(database_url, tools) as c, api_client(c) as api:
-        task_id, task = await submit(api, {"steps": [notify()]})
-        by_id = {s["step_id"]: s for s in task["steps"]}
+        task_id = await start_task(api, {"steps": [notify()]})
+        by_id = await steps_shown(api, task_id)
         assert set(by_id) == {"tell", "tell[0]", "tell[1]"}
         assert by_id["tell"]["status"] == "blocked"
         assert by_id["tell"]["depends_on"] == ["tell[0]", "tell[1]"]
@@ -79,7 +76,7 @@ async def test_each_target_is_its_own_step_and_the_step_records_them_all(
                 failed(claimed["tell[1]"], "downstream_unavailable", retryable=True),
             ],
         )
-        [again] = await claim_when_due(c)
+        [again] = await claim(c, wait=10)
         assert again.step_id == "tell[1]"
         assert again.attempt == 2
         await c.reporting.report(executor_id="t", results=[ok(again, {"id": 7})])
@@ -109,11 +106,6 @@ async def test_each_target_is_its_own_step_and_the_step_records_them_all(
         assert c.metrics.total(delivered, tool=tool, channel="email", outcome="succeeded") == 1
 
 
-async def claim_when_due(c: Components) -> list[StepRow]:
-    """The retried step, once its backoff has passed (the long poll waits for it)."""
-    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=10))
-
-
 async def test_partial_delivery_is_an_honest_failure_with_a_row_per_target(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -122,7 +114,7 @@ async def test_partial_delivery_is_an_honest_failure_with_a_row_per_target(
         body = {
             "steps": [notify(), {"step_id": "after", "tool": "echo.say", "depends_on": ["tell"]}]
         }
-        task_id, _ = await submit(api, body)
+        task_id = await start_task(api, body)
         claimed = {s.step_id: s for s in await claim(c)}
         await c.reporting.report(
             executor_id="t",
@@ -149,7 +141,7 @@ async def test_a_failed_dependency_skips_the_children_and_the_step_in_one_pass(
     tools = write_tools(tmp_path, TOOLS_WITH_NOTIFY)
     async with components_for(database_url, tools) as c, api_client(c) as api:
         first = {"step_id": "look", "tool": "echo.say"}
-        task_id, _ = await submit(api, {"steps": [first, notify(depends_on=["look"])]})
+        task_id = await start_task(api, {"steps": [first, notify(depends_on=["look"])]})
         [look] = await claim(c)
         await c.reporting.report(
             executor_id="t", results=[failed(look, "downstream_rejected", retryable=False)]
@@ -198,11 +190,10 @@ async def test_a_reference_inside_a_target_is_resolved_and_checked_per_child(
         look = {"step_id": "look", "tool": "echo.say"}
         step = notify(depends_on=["look"])
         step["args"]["targets"] = [EMAIL, {"channel": "email", "to": "$look.output.attempt"}]
-        task_id, _ = await submit(api, {"steps": [look, step]})
+        task_id = await start_task(api, {"steps": [look, step]})
         [first] = await claim(c)
         await c.reporting.report(executor_id="t", results=[ok(first, {"attempt": 1})])
-        task = (await api.get(f"/v1/tasks/{task_id}")).json()
-        by_id = {s["step_id"]: s for s in task["steps"]}
+        by_id = await steps_shown(api, task_id)
         assert by_id["tell[0]"]["status"] == "ready"
         # `to` resolved to a number: the child's own schema (one target) refuses it.
         assert by_id["tell[1]"]["status"] == "failed"

@@ -20,14 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.domain.records import StepRow
-from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, background
 from agent_reach_controller.server import running_controller
-from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_controller.storage.engine import before_commit
 from agent_reach_controller.storage.schema import steps
-from tests.integration.stack import TOOLS, components_for, key_for, ok, write_tools
+from tests.integration.stack import TOOLS, components_for, key_for, ok, submit, write_tools
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
 LIMITED = {
@@ -44,15 +42,6 @@ FLAKY = {
     "idempotent": True,
     "breaker": {"failure_rate": 0.5, "minimum_calls": 2, "window": "60s", "cooldown": "60s"},
 }
-
-
-async def submit(c: Components, plan: list[dict[str, Any]]) -> tuple[str, str]:
-    """(task_id, trace_id) of a new task with these steps."""
-    body = {"steps": plan}
-    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-    view = await c.queries.get(done.task_id)
-    assert view is not None
-    return done.task_id, view.task.trace_id
 
 
 @contextlib.asynccontextmanager
@@ -126,12 +115,14 @@ async def test_queue_gauges_and_schedule_to_start_come_from_the_database(
     async with components_for(database_url, write_tools(tmp_path)) as c:
         await submit(
             c,
-            [
-                {"step_id": "old", "tool": "echo.say", "args": {}},
-                {"step_id": "backoff", "tool": "echo.say", "args": {}},
-                {"step_id": "later", "tool": "echo.say", "args": {}},
-                {"step_id": "count", "tool": "echo.count", "args": {"n": 1}},
-            ],
+            {
+                "steps": [
+                    {"step_id": "old", "tool": "echo.say", "args": {}},
+                    {"step_id": "backoff", "tool": "echo.say", "args": {}},
+                    {"step_id": "later", "tool": "echo.say", "args": {}},
+                    {"step_id": "count", "tool": "echo.count", "args": {"n": 1}},
+                ]
+            },
         )
         now = datetime.now(UTC)
         # Queued 20 s ago; queued long ago but due only 1.5 s ago; not due for a minute.
@@ -171,13 +162,16 @@ async def test_outcomes_retries_and_durations_carry_the_tasks_trace_id(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        _, trace_id = await submit(
+        task_id = await submit(
             c,
-            [
-                *({"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(4)),
-                {"step_id": "count", "tool": "echo.count", "args": {"n": 1}},
-            ],
+            {
+                "steps": [
+                    *({"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(4)),
+                    {"step_id": "count", "tool": "echo.count", "args": {"n": 1}},
+                ]
+            },
         )
+        trace_id = (await c.queries.get(task_id)).task.trace_id
         claimed = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         leased = {s.step_id: s for s in claimed}
         unavailable = AttemptError(code="downstream_unavailable", message="503", retryable=True)
@@ -233,10 +227,12 @@ async def test_expired_leases_and_open_breakers_show_from_the_background_loop(
     ) as c:
         await submit(
             c,
-            [
-                {"step_id": "lost", "tool": "echo.say", "args": {}},
-                *({"step_id": f"f{i}", "tool": "flaky.call", "args": {}} for i in range(2)),
-            ],
+            {
+                "steps": [
+                    {"step_id": "lost", "tool": "echo.say", "args": {}},
+                    *({"step_id": f"f{i}", "tool": "flaky.call", "args": {}} for i in range(2)),
+                ]
+            },
         )
         leased = await c.leasing.claim(executor_id="gone", connectors=["echo"], limit=10)
         unavailable = AttemptError(code="downstream_unavailable", message="503", retryable=True)
@@ -264,7 +260,7 @@ async def test_rate_limited_deferrals_and_downstream_pauses_are_counted(
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, LIMITED])) as c:
         plan = [{"step_id": f"s{i}", "tool": "echo.limited", "args": {}} for i in range(6)]
-        await submit(c, plan)
+        await submit(c, {"steps": plan})
         leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10)
         # At most the burst now (a bucket may start empty); the rest wait for their bucket.
         assert len(leased) <= 3

@@ -8,7 +8,6 @@ import socket
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,13 +16,11 @@ import sqlalchemy as sa
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
 from agent_reach_controller.decide.ratelimits import Rate, admit
 from agent_reach_controller.domain.records import StepRow
-from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.services.limiter import RedisLimiter
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.storage.schema import events
-from tests.integration.stack import TOOLS, components_for, ok, write_tools
+from tests.integration.stack import TOOLS, components_for, ok, submit, write_tools
 
 LIMITED = {
     "name": "echo.limited",
@@ -37,12 +34,6 @@ PER_CUSTOMER = {
     "connector": "echo",
     "rate_limit": {"rate": "5/s", "burst": 1, "key": "args.customer"},
 }
-
-
-async def submit(c: Components, steps: list[dict[str, Any]]) -> str:
-    body = {"steps": steps}
-    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-    return done.task_id
 
 
 async def drain(c: Components, expected: int, *, within: float = 15.0) -> list[StepRow]:
@@ -79,9 +70,8 @@ async def test_leases_keep_to_the_rate_and_refused_steps_wait_in_the_queue(
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, LIMITED])) as c:
         n = 15
-        task_id = await submit(
-            c, [{"step_id": f"s{i}", "tool": "echo.limited", "args": {}} for i in range(n)]
-        )
+        steps = [{"step_id": f"s{i}", "tool": "echo.limited", "args": {}} for i in range(n)]
+        task_id = await submit(c, {"steps": steps})
         leased = await drain(c, n)
         assert Counter(s.step_id for s in leased).most_common(1)[0][1] == 1
         times = sorted(t for ts in (await lease_times(c, task_id)).values() for t in ts)
@@ -100,7 +90,7 @@ async def test_each_key_value_has_its_own_bucket(database_url: str, tmp_path: Pa
             for i in range(3)
             for who in ("a", "b", "c")
         ]
-        task_id = await submit(c, steps)
+        task_id = await submit(c, {"steps": steps})
         await drain(c, len(steps))
         leased = await lease_times(c, task_id)
         by_customer = {who: sorted(leased[f"{who}{i}"][0] for i in range(3)) for who in "abc"}
@@ -117,10 +107,12 @@ async def test_a_downstream_that_says_slow_down_holds_its_whole_tool_back(
     async with components_for(database_url, write_tools(tmp_path)) as c:
         await submit(
             c,
-            [
-                *({"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(4)),
-                {"step_id": "other", "tool": "echo.count", "args": {"n": 1}},
-            ],
+            {
+                "steps": [
+                    *({"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(4)),
+                    {"step_id": "other", "tool": "echo.count", "args": {"n": 1}},
+                ]
+            },
         )
         [first] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         told = AttemptResult(
@@ -146,7 +138,7 @@ async def test_a_downstream_that_says_slow_down_holds_its_whole_tool_back(
         spent_at = time.monotonic()
         await c.reporting.report(executor_id="x", results=[spent, *map(_ok, after[1:])])
         await c.reporting.report(executor_id="x", results=[ok(s, {}) for s in during])
-        await submit(c, [{"step_id": "late", "tool": "echo.say", "args": {}}])
+        await submit(c, {"steps": [{"step_id": "late", "tool": "echo.say", "args": {}}]})
         assert await c.leasing.claim(executor_id="x", connectors=["echo"], limit=10) == []
         [late] = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=10, wait=3)
         assert late.step_id == "late"
@@ -242,9 +234,8 @@ async def test_retry_after_is_honoured_up_to_the_tools_cap(sqlite_url: str, tmp_
         },
     }
     async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, capped])) as c:
-        task_id = await submit(
-            c, [{"step_id": f"s{i}", "tool": "slow.down", "args": {}} for i in range(2)]
-        )
+        steps = [{"step_id": f"s{i}", "tool": "slow.down", "args": {}} for i in range(2)]
+        task_id = await submit(c, {"steps": steps})
         first, second = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=2)
         asked = {first.step_id: 1.5, second.step_id: 10_000.0}
         before = time.time()

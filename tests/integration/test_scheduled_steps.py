@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-from agent_reach_controller.runtime import Components
-from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    claim,
+    components_for,
+    key_for,
+    ok,
+    post_task,
+    start_task,
+    steps_shown,
+    write_tools,
+)
 from tests.integration.test_fan_out import NOTIFY, notify
 from tests.integration.test_verified_writes import READ_BACK, REFUND, refund_tool
 
@@ -25,21 +34,14 @@ def at(delta: timedelta) -> str:
     return (datetime.now(UTC) + delta).isoformat()
 
 
-async def claim(c: Components, *, wait: float = 0) -> list[Any]:
-    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=wait))
-
-
 async def test_a_step_is_not_leased_before_its_time_and_is_once_it_comes(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c, api_client(c) as api:
         later = {"step_id": "later", "tool": "echo.say", "run_at": at(timedelta(hours=2))}
         soon = {"step_id": "soon", "tool": "echo.say", "delay": "1s"}
-        answer = await api.post("/v1/tasks", json={"steps": [later, soon]})
-        assert answer.status_code == 202, answer.text
-        task_id = answer.json()["task_id"]
-        task = (await api.get(f"/v1/tasks/{task_id}")).json()
-        by_id = {s["step_id"]: s for s in task["steps"]}
+        task_id = await start_task(api, {"steps": [later, soon]})
+        by_id = await steps_shown(api, task_id)
         assert by_id["later"]["status"] == "ready"
         assert by_id["later"]["not_before"] == by_id["later"]["run_at"]
         # The long poll waits for the next due time and takes `soon` then, not before.
@@ -83,11 +85,10 @@ async def test_a_blocked_step_keeps_its_time_until_its_dependency_is_done(
                 },
             ],
         }
-        answer = await api.post("/v1/tasks", json=plan)
-        assert answer.status_code == 422  # more than a year ahead
+        answer = await post_task(api, plan, expect=422)  # more than a year ahead
         assert answer.json()["errors"][0]["pointer"] == "/steps/1/run_at"
         plan["steps"][1]["run_at"] = at(timedelta(days=2))  # type: ignore[index]
-        task_id = (await api.post("/v1/tasks", json=plan)).json()["task_id"]
+        task_id = await start_task(api, plan)
         [first] = await claim(c)
         await c.reporting.report(executor_id="t", results=[ok(first, {})])
         task = (await api.get(f"/v1/tasks/{task_id}")).json()
@@ -107,7 +108,7 @@ async def test_approval_and_schedule_to_start_count_from_the_time(
     async with components_for(database_url, tools) as c, api_client(c) as api:
         run_at = datetime.now(UTC) + timedelta(hours=5)
         plan = {"steps": [{"step_id": "w", "tool": "vault.wipe", "run_at": run_at.isoformat()}]}
-        task_id = (await api.post("/v1/tasks", json=plan)).json()["task_id"]
+        task_id = await start_task(api, plan)
         view = await c.queries.get(task_id)
         [step] = view.steps
         assert step.status == "awaiting_approval"
@@ -133,7 +134,7 @@ async def test_moving_a_fan_out_step_moves_every_child_that_has_not_started(
             **notify(run_at=at(timedelta(hours=2))),
             "args": {"message": "hi", "targets": targets},
         }
-        task_id = (await api.post("/v1/tasks", json={"steps": [tell]})).json()["task_id"]
+        task_id = await start_task(api, {"steps": [tell]})
         assert await claim(c) == []
         # Moved to now: every child is due at once, and the answer says which moved.
         moved = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": 0})
@@ -147,7 +148,7 @@ async def test_moving_a_fan_out_step_moves_every_child_that_has_not_started(
         rescheduled = {e["step_id"] for e in events if e["kind"] == "reschedule"}
         assert rescheduled == {"tell", "tell[0]", "tell[1]", "tell[2]"}
         # One child starts; moving the step again moves the two that have not.
-        [started] = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=1, wait=5)
+        [started] = await claim(c, wait=5, limit=1)
         later = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": "1h"})
         assert later.status_code == 200, later.text
         stayed = [{"step_id": started.step_id, "status": "running", "follows": None}]
@@ -157,7 +158,7 @@ async def test_moving_a_fan_out_step_moves_every_child_that_has_not_started(
         assert await claim(c) == []  # the two that moved wait for their new time
         # Once every child has started, nothing moves: a 409 that says why, child by child.
         await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": 0})
-        rest = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=5)
+        rest = await claim(c, wait=5)
         assert len(rest) == 2
         none = await api.post(f"/v1/tasks/{task_id}/steps/tell/schedule", json={"delay": "1h"})
         assert none.status_code == 409
@@ -171,7 +172,7 @@ async def test_a_verified_write_moves_its_chain_and_a_read_back_follows_its_writ
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool()])
     async with components_for(database_url, tools) as c, api_client(c) as api:
         write = {**REFUND, "run_at": at(timedelta(hours=2))}
-        task_id = (await api.post("/v1/tasks", json={"steps": [write]})).json()["task_id"]
+        task_id = await start_task(api, {"steps": [write]})
         moved = await api.post(f"/v1/tasks/{task_id}/steps/pay/schedule", json={"delay": 0})
         assert moved.status_code == 200, moved.text
         assert moved.json()["moved"] == ["pay[0]", "pay[1]"]  # the write and its read-back

@@ -11,14 +11,9 @@ from agent_reach.states import StepStatus, TaskStatus
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import IdempotencyConflictError, SubmitInput
-from tests.integration.stack import components_for, failed, ok, write_tools
+from tests.integration.stack import components_for, failed, ok, submit, write_tools
 
-
-async def submit(c: Components, body: dict, *, key: str | None = None):
-    submitted = await c.intake.submit(
-        SubmitInput(plan=parse_plan(body, c.catalog), request=body, idempotency_key=key)
-    )
-    return await c.queries.get(submitted.task_id), submitted.created
+ONE_STEP = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
 
 
 def chain_plan(when: str = "steps.a.output.go == true") -> dict:
@@ -52,7 +47,7 @@ async def run_all(c: Components, outputs: dict[str, object], *, executor: str = 
 
 async def test_dependant_runs_with_resolved_reference(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, chain_plan())
+        view = await c.queries.get(await submit(c, chain_plan()))
         assert [s.status for s in view.steps] == [StepStatus.READY, StepStatus.BLOCKED]
         claimed = await c.leasing.claim(executor_id="x1", connectors=["echo"], limit=10)
         assert [s.step_id for s in claimed] == ["a"]
@@ -71,7 +66,7 @@ async def test_dependant_runs_with_resolved_reference(database_url: str, tmp_pat
 
 async def test_false_condition_skips_and_task_succeeds(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, chain_plan())
+        view = await c.queries.get(await submit(c, chain_plan()))
         await run_all(c, {"a": {"go": False, "word": "no"}})
         final = await c.queries.get(view.task.task_id)
         assert [s.status for s in final.steps] == [StepStatus.SUCCEEDED, StepStatus.SKIPPED]
@@ -81,7 +76,7 @@ async def test_false_condition_skips_and_task_succeeds(database_url: str, tmp_pa
 
 async def test_failure_skips_dependants_and_fails_task(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, chain_plan())
+        view = await c.queries.get(await submit(c, chain_plan()))
         claimed = await c.leasing.claim(executor_id="x1", connectors=["echo"], limit=10)
         await c.reporting.report(
             executor_id="x1", results=[failed(claimed[0], "invalid_arguments", retryable=False)]
@@ -96,7 +91,7 @@ async def test_reference_to_missing_field_fails_with_receipt(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, chain_plan(when="true"))
+        view = await c.queries.get(await submit(c, chain_plan(when="true")))
         await run_all(c, {"a": {"go": True}})  # no "word": $a.output.word cannot resolve
         final = await c.queries.get(view.task.task_id)
         assert final.steps[1].status is StepStatus.FAILED
@@ -114,7 +109,7 @@ async def test_resolved_arguments_are_checked_against_schema(
         ]
     }
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         await run_all(c, {"a": "not a number"})
         final = await c.queries.get(view.task.task_id)
         assert final.steps[1].status is StepStatus.FAILED
@@ -125,7 +120,7 @@ async def test_retryable_error_retries_with_durable_backoff(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        view = await c.queries.get(await submit(c, ONE_STEP))
         for attempt in (1, 2, 3):
             claimed = await c.leasing.poll(executor_id="x1", connectors=["echo"], limit=1, wait=5)
             assert [s.attempt for s in claimed] == [attempt]
@@ -144,7 +139,7 @@ async def test_retryable_error_retries_with_durable_backoff(
 
 async def test_stale_result_is_rejected_and_not_applied(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path), lease_seconds=0.2) as c:
-        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        view = await c.queries.get(await submit(c, ONE_STEP))
         first = (await c.leasing.claim(executor_id="slow", connectors=["echo"], limit=1))[0]
         await asyncio.sleep(0.3)  # let the lease run out (the thing under test is expiry)
         assert await c.expiry.reap_expired() == 1
@@ -170,7 +165,7 @@ async def test_heartbeat_extends_and_reports_cancellation(
     database_url: str, tmp_path: Path
 ) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        view = await c.queries.get(await submit(c, ONE_STEP))
         step = (await c.leasing.claim(executor_id="x1", connectors=["echo"], limit=1))[0]
         beat = await c.leasing.heartbeat(executor_id="x1", leases=[(step.id, step.attempt)])
         assert beat.extended == [(step.id, step.attempt)]
@@ -188,21 +183,22 @@ async def test_heartbeat_extends_and_reports_cancellation(
 async def test_idempotency_key_same_body_same_task(database_url: str, tmp_path: Path) -> None:
     body = chain_plan()
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        first, created = await submit(c, body, key="k-1")
-        again, created_again = await submit(c, body, key="k-1")
-        assert created
-        assert not created_again
-        assert again.task.task_id == first.task.task_id
+        plan = parse_plan(body, c.catalog)
+        first = await c.intake.submit(SubmitInput(plan=plan, request=body, idempotency_key="k-1"))
+        again = await c.intake.submit(SubmitInput(plan=plan, request=body, idempotency_key="k-1"))
+        assert first.created
+        assert not again.created
+        assert again.task_id == first.task_id
         other = chain_plan(when="true")
         with pytest.raises(IdempotencyConflictError) as info:
             await submit(c, other, key="k-1")
-        assert info.value.task_id == first.task.task_id
+        assert info.value.task_id == first.task_id
         assert len(await c.queries.list_tasks()) == 1
 
 
 async def test_wait_returns_when_terminal(database_url: str, tmp_path: Path) -> None:
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]})
+        view = await c.queries.get(await submit(c, ONE_STEP))
         waiter = asyncio.create_task(c.queries.wait(view.task.task_id, within=10))
         await run_all(c, {"a": {"ok": True}})
         done = await asyncio.wait_for(waiter, 10)
@@ -212,7 +208,7 @@ async def test_wait_returns_when_terminal(database_url: str, tmp_path: Path) -> 
 async def test_deadline_ends_the_task_with_receipts(database_url: str, tmp_path: Path) -> None:
     body = {**chain_plan(), "deadline_seconds": 0.2}
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         assert view.task.deadline is not None
         [running] = await c.leasing.claim(executor_id="x1", connectors=["echo"], limit=1)
         assert await c.expiry.expire_deadlines() == 0  # not yet
@@ -230,7 +226,7 @@ async def test_deadline_ends_the_task_with_receipts(database_url: str, tmp_path:
 async def test_attempt_budget_caps_starts_and_retries(database_url: str, tmp_path: Path) -> None:
     three = {"steps": [{"step_id": s, "tool": "echo.say", "args": {}} for s in "abc"]}
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        small, _ = await submit(c, {**three, "budget": {"max_attempts": 2}})
+        small = await c.queries.get(await submit(c, {**three, "budget": {"max_attempts": 2}}))
         assert [s.status for s in small.steps] == [
             StepStatus.READY,
             StepStatus.READY,
@@ -238,7 +234,7 @@ async def test_attempt_budget_caps_starts_and_retries(database_url: str, tmp_pat
         ]
         assert small.steps[2].receipt["error"]["code"] == "budget_exhausted"
 
-        view, _ = await submit(c, {**three, "budget": {"max_attempts": 4}})
+        view = await c.queries.get(await submit(c, {**three, "budget": {"max_attempts": 4}}))
         mine = view.task.task_id
 
         async def fail_a() -> None:
@@ -272,7 +268,7 @@ async def test_a_step_may_override_its_tools_retry_policy(
         ]
     }
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         assert [s.max_attempts for s in view.steps] == [2, 3]  # the tool allows 3
         for _ in range(2):
             ready = await c.leasing.poll(executor_id="x", connectors=["echo"], limit=5, wait=5)
@@ -303,7 +299,7 @@ async def test_schedule_to_close_bounds_the_whole_step(database_url: str, tmp_pa
     }
     body = {"steps": [{"step_id": "a", "tool": "echo.tight", "args": {}}]}
     async with components_for(database_url, write_tools(tmp_path, [*TOOLS, tight])) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         [step] = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=1)
         timeout_ms = assignment_to_proto(step, c.catalog["echo.tight"]).timeout_ms
         assert 1 <= timeout_ms <= 300  # the attempt gets what is left, not the tool's 30 s
@@ -341,7 +337,7 @@ async def test_a_failed_step_tries_its_tools_fallback(database_url: str, tmp_pat
     body = {"steps": [{"step_id": "q", "tool": "quote.primary", "args": {"sku": "A1"}}]}
     tools = write_tools(tmp_path, [*TOOLS, primary, backup])
     async with components_for(database_url, tools) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         [first] = await c.leasing.claim(executor_id="x", connectors=["echo", "script"], limit=1)
         assert first.tool == "quote.primary"
         await c.reporting.report(
@@ -376,7 +372,7 @@ async def test_a_step_waits_for_every_dependency_and_reads_each_output(
         ]
     }
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view, _ = await submit(c, body)
+        view = await c.queries.get(await submit(c, body))
         a, b = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         await c.reporting.report(executor_id="x", results=[ok(a, {"word": "hi"})])
         assert (await c.queries.get(view.task.task_id)).steps[2].status is StepStatus.BLOCKED

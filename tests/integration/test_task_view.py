@@ -9,18 +9,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent_reach_controller.domain.records import StepRow
-from agent_reach_controller.runtime import Components
-from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    claim,
+    components_for,
+    failed,
+    ok,
+    start_task,
+    write_tools,
+)
 from tests.integration.test_fan_out import NOTIFY, notify
 
 # What `agent_reach.times.rfc3339` writes; anything else that looks like a time is a failure.
 INSTANT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 LOOKS_LIKE_A_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
-
-
-async def claim(c: Components) -> list[StepRow]:
-    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=0))
 
 
 def times_in(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
@@ -41,7 +44,7 @@ async def test_a_failed_target_is_named_at_the_top_of_its_task(
     tools = write_tools(tmp_path, [*TOOLS, NOTIFY])
     async with components_for(database_url, tools) as c, api_client(c) as api:
         body = {"steps": [{"step_id": "look", "tool": "echo.say"}, notify(depends_on=["look"])]}
-        task_id = (await api.post("/v1/tasks", json=body)).json()["task_id"]
+        task_id = await start_task(api, body)
         running = (await api.get(f"/v1/tasks/{task_id}")).json()
         assert running["error"] is None  # not failed (yet)
         [look] = await claim(c)
@@ -77,7 +80,7 @@ async def test_the_first_failing_step_in_plan_order_is_named_not_what_it_skipped
                 {"step_id": "later", "tool": "echo.say", "depends_on": ["bad"]},
             ]
         }
-        task_id = (await api.post("/v1/tasks", json=body)).json()["task_id"]
+        task_id = await start_task(api, body)
         claimed = {s.step_id: s for s in await claim(c)}
         await c.reporting.report(
             executor_id="t",
@@ -116,8 +119,8 @@ async def test_every_time_shown_is_rfc3339_utc_with_z_to_the_millisecond(
                 notify(depends_on=["soon"]),
             ]
         }
-        task_id = (await api.post("/v1/tasks", json=body)).json()["task_id"]
-        [soon] = await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=10)
+        task_id = await start_task(api, body)
+        [soon] = await claim(c, wait=10)
         await c.reporting.report(executor_id="t", results=[ok(soon, {})])
         children = await claim(c)
         # No `delivered_at` from these targets: the receipt's `done_at` is the step's end.

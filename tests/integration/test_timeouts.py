@@ -6,11 +6,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.rpc.convert import assignment_to_proto
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.intake import SubmitInput
-from tests.integration.stack import TOOLS, components_for, write_tools
+from tests.integration.stack import TOOLS, components_for, submit, write_tools
 
 NOBODY_RUNS = {
     "name": "gpu.render",
@@ -28,12 +26,6 @@ LONG = {
 }
 
 
-async def submit(c: Components, steps: list[dict]) -> str:
-    body = {"steps": steps}
-    done = await c.intake.submit(SubmitInput(plan=parse_plan(body, c.catalog), request=body))
-    return done.task_id
-
-
 async def sweep_until(c: Components, expected: int, *, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     swept = 0
@@ -48,19 +40,17 @@ async def test_a_step_no_executor_takes_goes_to_its_fallback_or_fails(
 ) -> None:
     tools = write_tools(tmp_path, [*TOOLS, NOBODY_RUNS])
     async with components_for(database_url, tools) as c:
-        task_id = await submit(
-            c,
-            [
-                {"step_id": "render", "tool": "gpu.render", "args": {}},
-                # The step's own, shorter limit on a tool that has none.
-                {
-                    "step_id": "quick",
-                    "tool": "echo.say",
-                    "args": {},
-                    "timeouts": {"schedule_to_start": "100ms"},
-                },
-            ],
-        )
+        render_or_quick = [
+            {"step_id": "render", "tool": "gpu.render", "args": {}},
+            # The step's own, shorter limit on a tool that has none.
+            {
+                "step_id": "quick",
+                "tool": "echo.say",
+                "args": {},
+                "timeouts": {"schedule_to_start": "100ms"},
+            },
+        ]
+        task_id = await submit(c, {"steps": render_or_quick})
         assert await c.expiry.expire_unstarted() == 0  # nothing is late yet
         await sweep_until(c, 2)
         view = await c.queries.get(task_id)
@@ -85,18 +75,16 @@ async def test_the_assignment_carries_the_steps_timeout_and_the_tools_heartbeat(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with components_for(sqlite_url, write_tools(tmp_path, [*TOOLS, LONG])) as c:
-        await submit(
-            c,
-            [
-                {"step_id": "own", "tool": "batch.export", "args": {}},
-                {
-                    "step_id": "short",
-                    "tool": "batch.export",
-                    "args": {},
-                    "timeouts": {"timeout": "90s", "heartbeat": "5s"},
-                },
-            ],
-        )
+        own_or_short = [
+            {"step_id": "own", "tool": "batch.export", "args": {}},
+            {
+                "step_id": "short",
+                "tool": "batch.export",
+                "args": {},
+                "timeouts": {"timeout": "90s", "heartbeat": "5s"},
+            },
+        ]
+        await submit(c, {"steps": own_or_short})
         leased = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         sent = {s.step_id: assignment_to_proto(s, c.catalog["batch.export"]) for s in leased}
         assert (sent["own"].timeout_ms, sent["own"].heartbeat_timeout_ms) == (3_600_000, 15_000)

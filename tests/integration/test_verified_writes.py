@@ -12,7 +12,17 @@ import pytest
 from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.tools.catalog import ToolCatalog, ToolFileError, ToolSpec
-from tests.integration.stack import TOOLS, api_client, components_for, failed, ok, write_tools
+from tests.integration.stack import (
+    TOOLS,
+    api_client,
+    claim,
+    components_for,
+    failed,
+    ok,
+    start_task,
+    steps_shown,
+    write_tools,
+)
 
 READ_BACK = {
     "name": "refund.get",
@@ -46,32 +56,16 @@ def refund_tool(on_mismatch: str = "fail") -> dict[str, Any]:
 REFUND = {"step_id": "pay", "tool": "refund.issue", "args": {"amount": 5}}
 
 
-async def claim(c: Components, wait: float = 0) -> list[StepRow]:
-    return list(await c.leasing.poll(executor_id="t", connectors=["echo"], limit=10, wait=wait))
-
-
 async def one(c: Components, step_id: str) -> StepRow:
     [step] = await claim(c, wait=5)
     assert step.step_id == step_id
     return step
 
 
-async def start(api: Any) -> str:
-    answer = await api.post("/v1/tasks", json={"steps": [REFUND]})
-    assert answer.status_code == 202, answer.text
-    task_id: str = answer.json()["task_id"]
-    return task_id
-
-
-async def steps_of(api: Any, task_id: str) -> dict[str, dict[str, Any]]:
-    task = (await api.get(f"/v1/tasks/{task_id}")).json()
-    return {s["step_id"]: s for s in task["steps"]}
-
-
 async def test_a_write_that_reads_back_right_is_verified(database_url: str, tmp_path: Path) -> None:
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("retry")])
     async with components_for(database_url, tools) as c, api_client(c) as api:
-        task_id = await start(api)
+        task_id = await start_task(api, {"steps": [REFUND]})
         write = await one(c, "pay[0]")
         assert write.idempotency_key == f"{task_id}:pay"  # the step's key, not the link's
         await c.reporting.report(executor_id="t", results=[ok(write, {"id": "r1"})])
@@ -81,7 +75,7 @@ async def test_a_write_that_reads_back_right_is_verified(database_url: str, tmp_
         await c.reporting.report(
             executor_id="t", results=[ok(check, {"status": "refunded", "amount": 5})]
         )
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         receipt = steps["pay"]["receipt"]
         assert steps["pay"]["status"] == "succeeded"
         assert receipt["meta"]["verified"] is True
@@ -93,14 +87,14 @@ async def test_a_write_that_reads_back_right_is_verified(database_url: str, tmp_
 async def test_a_mismatch_fails_the_write_as_unverified(database_url: str, tmp_path: Path) -> None:
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("fail")])
     async with components_for(database_url, tools) as c, api_client(c) as api:
-        task_id = await start(api)
+        task_id = await start_task(api, {"steps": [REFUND]})
         write = await one(c, "pay[0]")
         await c.reporting.report(executor_id="t", results=[ok(write, {"id": "r1"})])
         check = await one(c, "pay[1]")
         await c.reporting.report(
             executor_id="t", results=[ok(check, {"status": "pending", "amount": 5})]
         )
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         assert set(steps) == {"pay", "pay[0]", "pay[1]"}  # `fail` writes once
         receipt = steps["pay"]["receipt"]
         assert steps["pay"]["status"] == "failed"
@@ -116,7 +110,7 @@ async def test_retry_writes_again_under_the_same_key_until_it_reads_back_right(
 ) -> None:
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("retry")])
     async with components_for(database_url, tools) as c, api_client(c) as api:
-        task_id = await start(api)
+        task_id = await start_task(api, {"steps": [REFUND]})
         first = await one(c, "pay[0]")
         await c.reporting.report(executor_id="t", results=[ok(first, {"id": "r1"})])
         check = await one(c, "pay[1]")
@@ -131,7 +125,7 @@ async def test_retry_writes_again_under_the_same_key_until_it_reads_back_right(
         await c.reporting.report(
             executor_id="t", results=[ok(recheck, {"status": "refunded", "amount": 5})]
         )
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         receipt = steps["pay"]["receipt"]
         assert steps["pay"]["status"] == "succeeded"
         assert receipt["meta"]["verified"] is True
@@ -143,14 +137,14 @@ async def test_a_check_that_cannot_run_leaves_the_write_unverified(
 ) -> None:
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("retry")])
     async with components_for(sqlite_url, tools) as c, api_client(c) as api:
-        task_id = await start(api)
+        task_id = await start_task(api, {"steps": [REFUND]})
         write = await one(c, "pay[0]")
         await c.reporting.report(executor_id="t", results=[ok(write, {"id": "r1"})])
         check = await one(c, "pay[1]")
         await c.reporting.report(
             executor_id="t", results=[failed(check, "not_found", retryable=False)]
         )
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         error = steps["pay"]["receipt"]["error"]
         assert error["code"] == "unverified"
         assert "the check (refund.get) did not run to the end" in error["message"]
@@ -160,12 +154,12 @@ async def test_a_check_that_cannot_run_leaves_the_write_unverified(
 async def test_ask_leaves_the_verdict_to_a_person(sqlite_url: str, tmp_path: Path) -> None:
     tools = write_tools(tmp_path, [*TOOLS, READ_BACK, refund_tool("ask")])
     async with components_for(sqlite_url, tools) as c, api_client(c) as api:
-        task_id = await start(api)
+        task_id = await start_task(api, {"steps": [REFUND]})
         write = await one(c, "pay[0]")
         await c.reporting.report(executor_id="t", results=[ok(write, {"id": "r1"})])
         check = await one(c, "pay[1]")
         await c.reporting.report(executor_id="t", results=[ok(check, {"status": "pending"})])
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         assert steps["pay"]["status"] == "outcome_unknown"
         url = f"/v1/tasks/{task_id}/steps/pay/resolve"
         retry = await api.post(url, json={"action": "retry", "reason": "again"})
@@ -175,7 +169,7 @@ async def test_ask_leaves_the_verdict_to_a_person(sqlite_url: str, tmp_path: Pat
             url, json={"action": "succeeded", "reason": "the bank says yes", "output": {"id": "r1"}}
         )
         assert done.status_code == 200, done.text
-        assert (await steps_of(api, task_id))["pay"]["status"] == "succeeded"
+        assert (await steps_shown(api, task_id))["pay"]["status"] == "succeeded"
 
 
 @pytest.mark.parametrize(
@@ -205,11 +199,10 @@ async def test_a_false_condition_skips_the_write_its_check_and_the_step(
     async with components_for(sqlite_url, tools) as c, api_client(c) as api:
         look = {"step_id": "look", "tool": "echo.say"}
         guarded = {**REFUND, "depends_on": ["look"], "when": "steps.look.output.due == true"}
-        answer = await api.post("/v1/tasks", json={"steps": [look, guarded]})
-        task_id = answer.json()["task_id"]
+        task_id = await start_task(api, {"steps": [look, guarded]})
         first = await one(c, "look")
         await c.reporting.report(executor_id="t", results=[ok(first, {"due": False})])
-        steps = await steps_of(api, task_id)
+        steps = await steps_shown(api, task_id)
         assert {k: v["status"] for k, v in steps.items()} == {
             "look": "succeeded",
             "pay": "skipped",
