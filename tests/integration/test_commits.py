@@ -4,8 +4,12 @@ A transaction that writes is given a transaction id and flushes the WAL when it 
 the cost that bounds a durable system's rate. Postgres hands out those ids in order, so the
 difference of `pg_snapshot_xmax` before and after a piece of work is the number of transactions
 that wrote (or tried to), whoever sent them. The controller here runs without its background
-sweeps, so the only writers are the calls made below: a submit over the REST API with an API key,
-then a poll and a report by an executor over real gRPC with a pool token.
+sweeps, so its only writers are the calls made below: a submit over the REST API with an API key,
+then a poll and a report by an executor over real gRPC with a pool token. The ids are the
+server's, though, shared with every other database on it (tests running beside this one,
+autovacuum): those can only add to a task's figure, never take from it, so the smallest figure of
+several tasks is this controller's. `test_statements.py` counts the same task's transactions on
+the wire, exactly.
 """
 
 from __future__ import annotations
@@ -75,6 +79,6 @@ async def test_a_single_step_task_writes_once_to_submit_and_three_times_in_all(
             return submitted - before, _next_xid(postgres_url) - before
 
         await one_task()  # warm: the API key and the session are read once, then cached
-        counts = [await one_task() for _ in range(5)]
-    assert [submit for submit, _ in counts] == [1] * 5, counts
-    assert all(total <= 3 for _, total in counts), counts
+        counts = [await one_task() for _ in range(8)]
+    assert min(submit for submit, _ in counts) == 1, counts
+    assert min(total for _, total in counts) <= 3, counts
