@@ -149,6 +149,111 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
 }
 
 
+class ProblemCode(StrEnum):
+    """Codes only the HTTP API answers with (a step's receipt never carries one)."""
+
+    UNAUTHENTICATED = "unauthenticated"
+    CSRF_FAILED = "csrf_failed"
+    SEPARATION_OF_DUTIES = "separation_of_duties"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_JSON = "invalid_json"
+    TOO_LARGE = "too_large"
+    OVERLOADED = "overloaded"
+    TOO_MANY_IN_FLIGHT = "too_many_in_flight"
+    NOT_A_TURN = "not_a_turn"
+    NOT_RESCHEDULABLE = "not_reschedulable"
+    NOT_DECIDABLE = "not_decidable"
+    NOT_RESOLVABLE = "not_resolvable"
+    TOOL_EXISTS = "tool_exists"
+    REVISION_MISMATCH = "revision_mismatch"
+    CATALOG_CONFLICT = "catalog_conflict"
+    INVALID_TOOLS = "invalid_tools"
+    # Triggers (signed events that start stored plans).
+    TRIGGER_ERROR = "trigger_error"
+    BAD_SIGNATURE = "bad_signature"
+    TRIGGER_DISABLED = "trigger_disabled"
+    OWNER_REVOKED = "owner_revoked"
+    TRIGGER_CHANGED = "trigger_changed"
+    INVALID_SECRET = "invalid_secret"
+    INVALID_EVENT_ID = "invalid_event_id"
+
+
+PROBLEM_KINDS: dict[ProblemCode, ErrorKind] = {
+    ProblemCode.UNAUTHENTICATED: ErrorKind(
+        retryable=False, http_status=401, title="An API key is needed"
+    ),
+    ProblemCode.CSRF_FAILED: ErrorKind(retryable=False, http_status=403, title="Not allowed"),
+    ProblemCode.SEPARATION_OF_DUTIES: ErrorKind(
+        retryable=False, http_status=403, title="Not allowed"
+    ),
+    ProblemCode.INVALID_REQUEST: ErrorKind(
+        retryable=False, http_status=422, title="Invalid request"
+    ),
+    ProblemCode.INVALID_JSON: ErrorKind(
+        retryable=False, http_status=400, title="The body is not valid JSON"
+    ),
+    ProblemCode.TOO_LARGE: ErrorKind(retryable=False, http_status=413, title="Request too large"),
+    ProblemCode.OVERLOADED: ErrorKind(
+        retryable=True, http_status=429, title="Too much work is queued"
+    ),
+    ProblemCode.TOO_MANY_IN_FLIGHT: ErrorKind(
+        retryable=True, http_status=429, title="Too many of your tasks are unfinished"
+    ),
+    ProblemCode.NOT_A_TURN: ErrorKind(
+        retryable=False, http_status=409, title="The task is a plan, not a model's turn"
+    ),
+    ProblemCode.NOT_RESCHEDULABLE: ErrorKind(
+        retryable=False, http_status=409, title="The step has started"
+    ),
+    ProblemCode.NOT_DECIDABLE: ErrorKind(
+        retryable=False, http_status=409, title="The step is not waiting for a decision"
+    ),
+    ProblemCode.NOT_RESOLVABLE: ErrorKind(
+        retryable=False, http_status=409, title="The step is not awaiting a verdict"
+    ),
+    ProblemCode.TOOL_EXISTS: ErrorKind(retryable=False, http_status=409, title="The tool exists"),
+    ProblemCode.REVISION_MISMATCH: ErrorKind(
+        retryable=False, http_status=412, title="The tool changed meanwhile"
+    ),
+    ProblemCode.CATALOG_CONFLICT: ErrorKind(
+        retryable=False, http_status=409, title="The catalogue would not be valid"
+    ),
+    ProblemCode.INVALID_TOOLS: ErrorKind(
+        retryable=False, http_status=422, title="Invalid tool definitions"
+    ),
+    ProblemCode.TRIGGER_ERROR: ErrorKind(
+        retryable=False, http_status=400, title="The trigger cannot be used"
+    ),
+    ProblemCode.BAD_SIGNATURE: ErrorKind(
+        retryable=False, http_status=401, title="The event is not signed for this trigger"
+    ),
+    ProblemCode.TRIGGER_DISABLED: ErrorKind(
+        retryable=False, http_status=403, title="The trigger is disabled"
+    ),
+    ProblemCode.OWNER_REVOKED: ErrorKind(
+        retryable=False, http_status=403, title="The trigger's owner may no longer submit"
+    ),
+    ProblemCode.TRIGGER_CHANGED: ErrorKind(
+        retryable=False, http_status=409, title="The trigger changed meanwhile"
+    ),
+    ProblemCode.INVALID_SECRET: ErrorKind(
+        retryable=False, http_status=422, title="Invalid trigger secret"
+    ),
+    ProblemCode.INVALID_EVENT_ID: ErrorKind(
+        retryable=False, http_status=400, title="Invalid event id"
+    ),
+}
+
+
+def problem_kind(code: str) -> ErrorKind | None:
+    """How the HTTP API answers a code (an error code or one of its own); None: no such code."""
+    if code in PROBLEM_KINDS:
+        return PROBLEM_KINDS[ProblemCode(code)]
+    if code in ERROR_KINDS:
+        return ERROR_KINDS[ErrorCode(code)]
+    return None
+
+
 def kind_of(code: str) -> ErrorKind:
     """The classification of a code; unknown codes are treated as internal, non-retryable."""
     try:
