@@ -305,9 +305,6 @@ class BodyTooLargeError(Exception):
 class TooManyInFlightError(Exception):
     """The caller already has as many unfinished tasks as it may."""
 
-    code = "too_many_in_flight"
-    title = "Too many of your tasks are unfinished"
-
     def __init__(self, who: str, in_flight: int, limit: int) -> None:
         super().__init__(
             f"{who} has {in_flight:,} unfinished tasks; the limit per caller is {limit:,}"
@@ -320,9 +317,6 @@ class BadJsonError(Exception):
 
 class NotATurnError(Exception):
     """Replies were asked of a task submitted as a plan."""
-
-    code = "not_a_turn"
-    title = "The task is a plan, not a model's turn"
 
     def __init__(self, task_id: str) -> None:
         super().__init__(f"task {task_id} was submitted as a plan: read its receipts in its steps")

@@ -11,23 +11,20 @@ import json
 from typing import Annotated, Any, Literal
 
 import yaml
-from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_reach.times import rfc3339
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, ForbiddenError, require
-from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
+from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.tasks import BadJsonError, Deps, read_body
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.limiter import RateUse
 from agent_reach_controller.services.registry import (
     CatalogDiff,
-    CatalogRejectedError,
-    StaleRevisionError,
-    ToolExistsError,
     ToolHead,
     ToolNotFoundError,
 )
@@ -542,42 +539,3 @@ def _parse_document(raw: bytes, content_type: str) -> list[ToolSpec]:
     if errors:
         raise ImportInvalidError(errors)
     return specs
-
-
-def install_handlers(app: FastAPI) -> None:
-    """problem+json for the registry's errors."""
-
-    @app.exception_handler(ToolNotFoundError)
-    async def no_tool(_: Request, exc: ToolNotFoundError) -> Response:
-        return problem_response(404, code="not_found", title="No such tool", detail=str(exc))
-
-    @app.exception_handler(ToolExistsError)
-    async def exists(_: Request, exc: ToolExistsError) -> Response:
-        return problem_response(409, code="tool_exists", title="The tool exists", detail=str(exc))
-
-    @app.exception_handler(StaleRevisionError)
-    @app.exception_handler(ToolRevisionMismatchError)
-    async def stale(_: Request, exc: Exception) -> Response:
-        return problem_response(
-            412, code="revision_mismatch", title="The tool changed meanwhile", detail=str(exc)
-        )
-
-    @app.exception_handler(CatalogRejectedError)
-    async def rejected(_: Request, exc: CatalogRejectedError) -> Response:
-        return problem_response(
-            409,
-            code="catalog_conflict",
-            title="The catalogue would not be valid",
-            detail="; ".join(exc.errors[:5]),
-            errors=[{"pointer": "", "code": "catalog_conflict", "detail": e} for e in exc.errors],
-        )
-
-    @app.exception_handler(ImportInvalidError)
-    async def invalid(_: Request, exc: ImportInvalidError) -> Response:
-        return problem_response(
-            422,
-            code="invalid_tools",
-            title="Invalid tool definitions",
-            detail="; ".join(f"{e['pointer']}: {e['detail']}" for e in exc.errors[:5]),
-            errors=exc.errors,
-        )
