@@ -21,7 +21,7 @@ import pytest
 
 from agent_reach_cli import demo
 from tests.e2e.processes import all_terminal, api, cluster, wait_until
-from tests.support.pgserver import free_port
+from tests.support.server import free_port
 
 pytestmark = pytest.mark.e2e
 # Far enough ahead to verify the reminder and restart everything before it is due.

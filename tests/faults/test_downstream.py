@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tests.faults.checkers import Checker, Finding, Run, _ns, check_all
 from tests.faults.harness import FaultEnv, ToolOptions, sink_tool
 from tests.faults.recording import observe, record_sink
-from tests.support.pgserver import free_port
+from tests.support.server import free_port
 from tests.support.sink import Response, Sink
 
 IDEM, ONCE, REFUSED = "ds.idempotent", "ds.once", "ds.refused"

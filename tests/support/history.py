@@ -25,15 +25,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
+
+from tests.support.server import Background
 
 __all__ = ["History", "Record"]
 
 Record = dict[str, Any]
 
 
-class History:
+class History(Background):
     """Appends records to a JSONL file (and keeps them in memory for quick reads)."""
 
     def __init__(self, path: Path) -> None:
@@ -76,15 +77,7 @@ class History:
         with self._lock:
             self._file.close()
 
-    def __enter__(self) -> History:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self.close()
 
     @staticmethod

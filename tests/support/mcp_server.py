@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -39,6 +36,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from tests.support.certs import Issued
+from tests.support.server import Background, loopback_socket, wait_until
 
 __all__ = ["McpServer", "RemoteCall"]
 
@@ -150,7 +148,7 @@ async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
     return body, replay
 
 
-class McpServer:
+class McpServer(Background):
     """The test MCP server; a context manager that starts and stops it."""
 
     def __init__(
@@ -160,9 +158,7 @@ class McpServer:
         self._tls = tls
         self._page_size = page_size  # tools/list pages, so clients must follow next_cursor
         self._state = _State()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock = loopback_socket()
         self.port: int = self._sock.getsockname()[1]
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/mcp"
         self._server: uvicorn.Server | None = None
@@ -280,29 +276,21 @@ class McpServer:
         endpoint = _Endpoint(manager, self._state, self._token)
         return Starlette(routes=[Route("/mcp", endpoint)], lifespan=lifespan)
 
-    def __enter__(self) -> McpServer:
+    def _start(self) -> None:
         tls: dict[str, Any] = {}
         if self._tls is not None:
             tls = {"ssl_certfile": self._tls.cert, "ssl_keyfile": self._tls.key}
         config = uvicorn.Config(self._app(), log_level="warning", lifespan="on", **tls)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        server = self._server = uvicorn.Server(config)
+        thread = self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the test MCP server did not start")
-            time.sleep(0.02)
-        return self
+        thread.start()
+        wait_until(
+            lambda: server.started, within=10, what="the test MCP server", alive=thread.is_alive
+        )
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

@@ -6,9 +6,10 @@ its clients."""
 from __future__ import annotations
 
 import json
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.server import HttpServer
 
 # The calls the model makes on its first turn: (tool name as the model sees it, arguments).
 CALLS = [("echo_say", {"text": "hi"}), ("echo_say", {"text": 5})]
@@ -110,8 +111,12 @@ def messages(body: dict[str, Any]) -> dict[str, Any]:
 ROUTES = {"/v1/chat/completions": chat, "/v1/responses": responses, "/v1/messages": messages}
 
 
+class _Server(ThreadingHTTPServer):
+    requests: list[tuple[str, dict[str, Any]]]
+
+
 class _Handler(BaseHTTPRequestHandler):
-    server: ScriptedModels
+    server: _Server
 
     def do_POST(self) -> None:
         route = ROUTES.get(self.path.split("?")[0])
@@ -131,22 +136,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class ScriptedModels(ThreadingHTTPServer):
+class ScriptedModels(HttpServer):
     """Start with `with ScriptedModels() as models:`; `models.url` ends in /v1."""
 
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler, server_class=_Server, name="models")
+        assert isinstance(self._server, _Server)
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._server.requests = self.requests
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    def __enter__(self) -> ScriptedModels:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-        self.server_close()
+        return f"{super().url}/v1"

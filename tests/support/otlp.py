@@ -11,8 +11,7 @@ from __future__ import annotations
 import gzip
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -20,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from tests.support.server import HttpServer
 
 __all__ = ["OtlpReceiver", "ReceivedSpan"]
 
@@ -81,7 +82,7 @@ def decode(body: bytes) -> list[ReceivedSpan]:
     return found
 
 
-class OtlpReceiver:
+class OtlpReceiver(HttpServer):
     """Accepts POST /v1/traces (application/x-protobuf, optionally gzip) and keeps the spans.
 
     Bodies are kept as received and decoded when `spans()` is asked, so a benchmark's load
@@ -115,13 +116,7 @@ class OtlpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(Handler, name="otlp")
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
@@ -129,16 +124,3 @@ class OtlpReceiver:
             for body in bodies:
                 self._spans.extend(decode(body))
             return list(self._spans)
-
-    def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()

@@ -19,12 +19,12 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+
+from tests.support.server import Background, free_port
 
 __all__ = ["PostgresUnavailableError", "PrivatePostgres", "find_bindir"]
 
@@ -51,14 +51,7 @@ def find_bindir() -> Path:
     raise PostgresUnavailableError("no initdb/pg_ctl found (set AGENT_REACH_FAULTS_PG_BIN)")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class PrivatePostgres:
+class PrivatePostgres(Background):
     """One initdb'd cluster in its own directory, on its own port, started and crashed at will."""
 
     def __init__(self, root: Path, *, port: int, bindir: Path, as_user: str | None) -> None:
@@ -94,15 +87,7 @@ class PrivatePostgres:
             raise
         return server
 
-    def __enter__(self) -> PrivatePostgres:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self.destroy()
 
     def url(self, database: str = "postgres", *, port: int | None = None) -> str:

@@ -32,8 +32,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
+
+from tests.support.server import Background, loopback_socket
 
 __all__ = ["CommitCut", "PgProxy"]
 
@@ -107,7 +108,7 @@ def _is_commit(sql: str) -> bool:
     return bool(words) and words[0].upper() in ("COMMIT", "END") and len(words) <= 2
 
 
-class PgProxy:
+class PgProxy(Background):
     """Forwards 127.0.0.1:<port> to `upstream`, with latency, drops and commit cuts on demand."""
 
     def __init__(
@@ -130,9 +131,7 @@ class PgProxy:
         self._only: Callable[[tuple[str, ...]], bool] | None = None
         self.cuts: list[CommitCut] = []
         self.connections_total = 0
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener = loopback_socket()
         self._listener.listen(128)
         self._listener.settimeout(0.2)
         self._stopping = threading.Event()
@@ -153,16 +152,10 @@ class PgProxy:
         with self._lock:
             return self._cuts_left
 
-    def __enter__(self) -> PgProxy:
+    def _start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=5)
         self._listener.close()

@@ -15,26 +15,19 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
-from types import TracebackType
+
+from tests.support.server import Background, free_port, wait_until
 
 __all__ = ["PrivateRedis"]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class PrivateRedis:
+class PrivateRedis(Background):
     def __init__(self, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed")
         self._binary = binary
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._proc: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0) -> str:
@@ -42,7 +35,7 @@ class PrivateRedis:
 
     def start(self, *, within: float = 10.0) -> None:
         """Start it (empty) and wait until it answers PING."""
-        self._proc = subprocess.Popen(
+        proc = self._proc = subprocess.Popen(
             [
                 self._binary,
                 "--port",
@@ -60,13 +53,9 @@ class PrivateRedis:
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + within
-        while not self._answers():
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self._proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not answer within {within:.0f}s")
-            time.sleep(0.02)
+        wait_until(
+            self._answers, within=within, what="redis-server", alive=lambda: proc.poll() is None
+        )
 
     def _answers(self) -> bool:
         try:
@@ -82,14 +71,8 @@ class PrivateRedis:
             self._proc.send_signal(signal.SIGKILL)
             self._proc.wait(10)
 
-    def __enter__(self) -> PrivateRedis:
+    def _start(self) -> None:
         self.start()
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self.kill()

@@ -27,9 +27,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support.server import HttpServer
 
 __all__ = ["Delivery", "Response", "Sink"]
 
@@ -203,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
 
 
-class Sink:
+class Sink(HttpServer):
     """A recording, scriptable, idempotent HTTP server on 127.0.0.1 (a free port).
 
     `with Sink() as sink:` serves on `sink.url` until the block ends, then closes every
@@ -218,39 +219,18 @@ class Sink:
         self._deliveries: list[Delivery] = []
         self._effects: Counter[str] = Counter()
         self._connections: set[socket.socket] = set()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler, server_class=_Server, name="sink", poll_interval=0.05)
+        assert isinstance(self._server, _Server)
         self._server.sink = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="sink",
-            daemon=True,
-        )
 
-    @property
-    def url(self) -> str:
-        """`http://127.0.0.1:<port>`, without a trailing slash."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> Sink:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self._stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
+        super()._stop()
         with self._lock:
             connections = list(self._connections)
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
 
     def script(self, path: str, responses: list[Response]) -> None:
         """Answer requests to `path` with these responses in turn; the last one repeats."""

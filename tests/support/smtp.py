@@ -31,11 +31,12 @@ import threading
 import warnings
 from dataclasses import dataclass
 from email.message import EmailMessage
-from types import TracebackType
 from typing import Any, Literal, cast
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+
+from tests.support.server import Background
 
 __all__ = ["Received", "SmtpServer"]
 
@@ -124,7 +125,7 @@ def _encrypted(server: SMTP) -> bool:
     return transport is not None and transport.get_extra_info("ssl_object") is not None
 
 
-class SmtpServer:
+class SmtpServer(Background):
     """A recording SMTP server on 127.0.0.1; `with SmtpServer() as smtp:` serves until the end."""
 
     def __init__(
@@ -175,16 +176,10 @@ class SmtpServer:
         with self._lock:
             return list(self._messages)
 
-    def __enter__(self) -> SmtpServer:
+    def _start(self) -> None:
         self._controller.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self._controller.stop()
 
     def _record(self, received: Received) -> None:
