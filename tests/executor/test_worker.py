@@ -329,7 +329,8 @@ async def test_results_survive_a_controller_restart(
         await wait_until(lambda: all(k in fake.results for k in keys), within=15)
         late = fake.enqueue(connector="probe", args={"n": 3})
         await wait_until(lambda: late in fake.results, within=15)  # and polls it again
-        assert worker.stats.results_accepted == 4
+        # The controller holds the result before its answer reaches the worker's count.
+        await wait_until(lambda: worker.stats.results_accepted == 4)
         # Its session lives in the controllers' database, not in the process that restarted:
         # the executor keeps it (and its leases) rather than registering again.
         assert len(fake.registrations) == 1
