@@ -31,8 +31,9 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
+
+from tests.support.server import Background, loopback_socket
 
 __all__ = ["PgWire", "Statement", "Tally", "split_statements"]
 
@@ -139,7 +140,7 @@ class _Session:
     transaction: int | None = None  # the open one (a block, or autocommit until the Sync)
 
 
-class PgWire:
+class PgWire(Background):
     """Forwards 127.0.0.1:<port> to `upstream` and journals each statement sent through it."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
@@ -153,8 +154,7 @@ class PgWire:
         self._transactions = itertools.count(1)
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener = loopback_socket()
         self._listener.listen(64)
         self._stopping = threading.Event()
 
@@ -180,16 +180,10 @@ class PgWire:
         with self._lock:
             return Tally(journal=tuple(self._journal[mark:]))
 
-    def __enter__(self) -> PgWire:
+    def _start(self) -> None:
         self._spawn(self._accept_loop, "pgwire-accept")
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop(self) -> None:
         self._stopping.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
