@@ -13,8 +13,8 @@ from pathlib import Path
 from agent_reach_controller.domain.records import QueuedGroup
 from agent_reach_controller.services.autoscaling import pool_demand
 from agent_reach_controller.services.sessions import Announcement
-from tests.integration.stack import components_for, write_tools
-from tests.integration.test_metrics import keyless, scrape, submit, value
+from tests.integration.stack import components_for, submit, write_tools
+from tests.integration.test_metrics import keyless, scrape, value
 
 
 async def test_each_pool_gets_its_share_of_the_work(database_url: str, tmp_path: Path) -> None:
@@ -23,10 +23,11 @@ async def test_each_pool_gets_its_share_of_the_work(database_url: str, tmp_path:
         await c.pools.create(name="counters", tools=["echo.count"], created_by="test")
         await c.pools.create(name="acme", tenant="acme", created_by="test")
         await c.pools.create(name="web", connectors=["http"], created_by="test")
-        await submit(c, [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(5)])
         await submit(
-            c, [{"step_id": f"c{i}", "tool": "echo.count", "args": {"n": 1}} for i in range(3)]
+            c, {"steps": [{"step_id": f"s{i}", "tool": "echo.say", "args": {}} for i in range(5)]}
         )
+        counts = [{"step_id": f"c{i}", "tool": "echo.count", "args": {"n": 1}} for i in range(3)]
+        await submit(c, {"steps": counts})
         # An executor of `general` with 4 slots takes 2 steps.
         tokens = {t.name: t for t in await c.pools.list()}
         session, _ = await c.sessions.open(
