@@ -16,6 +16,7 @@ import pytest
 from agent_reach_connectors import ConnectorError, Throttled, ToolCall
 from agent_reach_connectors.http import MAX_TEXT, HttpConnector
 from agent_reach_connectors.throttling import parse_retry_after, quota_reset
+from tests.support.server import free_port
 from tests.support.sink import Response, Sink
 
 CANARY = "canary-7b1e5d"
@@ -61,12 +62,6 @@ async def failure(http: HttpConnector, tool_call: ToolCall) -> ConnectorError:
     with pytest.raises(ConnectorError) as info:
         await http.invoke(tool_call)
     return info.value
-
-
-def dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed on return: nothing listens there
 
 
 @contextmanager
@@ -309,7 +304,7 @@ def test_parse_retry_after_http_date_is_relative_to_now() -> None:
 
 
 async def test_refused_connection_was_not_applied(http) -> None:
-    error = await failure(http, call({"url": f"http://127.0.0.1:{dead_port()}/x"}))
+    error = await failure(http, call({"url": f"http://127.0.0.1:{free_port()}/x"}))
     assert (error.code, error.retryable, error.maybe_applied) == ("connection_error", True, False)
     assert error.message.startswith("order.query: could not connect to http://127.0.0.1:")
 
@@ -358,7 +353,7 @@ async def test_retries_carry_the_same_key_and_apply_once(http, sink) -> None:
 def secret_failures(sink_url: str) -> list[tuple[str, dict[str, Any], Response | None]]:
     secret = "${env:SINK_TOKEN}"
     headers = {"Authorization": f"Bearer {secret}", "X-Key": secret}
-    dead = f"http://127.0.0.1:{dead_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     return [
         (
             "status",
@@ -470,7 +465,7 @@ async def test_cookies_are_never_kept_between_calls(http, sink) -> None:
 async def test_a_proxy_from_the_environment_is_not_used(http, sink, monkeypatch) -> None:
     # The connection goes to the address that was checked, never to a proxy that would resolve
     # and reach the destination itself.
-    dead = f"http://127.0.0.1:{dead_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
         monkeypatch.setenv(name, dead)
     monkeypatch.delenv("NO_PROXY", raising=False)

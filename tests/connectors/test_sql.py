@@ -8,7 +8,6 @@ import asyncio
 import base64
 import json
 import logging
-import socket
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from agent_reach_connectors.sql import SqlConnector
 from tests.conftest import POSTGRES_ADMIN, _server_url, _unavailable
 from tests.connectors.support import Resolver
 from tests.support.proxy import PgProxy
+from tests.support.server import free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -155,13 +155,6 @@ async def shown_by(sql: SqlConnector, tool_call: ToolCall) -> list[str]:
     assert failed.__context__ is None
     assert failed.__cause__ is None
     return [failed.message, repr(failed.args), "".join(traceback.format_exception(failed))]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_the_entry_point_loads_it() -> None:
@@ -454,7 +447,7 @@ async def test_a_unix_socket_url_is_refused(sql, monkeypatch, url) -> None:
 
 
 async def test_a_closed_port_is_a_retryable_connection_error(sql, db_url, monkeypatch) -> None:
-    port = closed_port()
+    port = free_port()
     monkeypatch.setenv("ORDERS_DB_URL", db_url.replace(":5432/", f":{port}/"))
     error = await failure(sql, call({"query": "SELECT 1"}))
     assert outcome(error) == ("connection_error", True, False)
@@ -473,7 +466,7 @@ async def test_the_password_never_shows(sql, admin, db_url, monkeypatch, caplog)
     ]
     shown = [text for tool_call in calls for text in await shown_by(sql, tool_call)]
     for url in [
-        db_url.replace(":5432/", f":{closed_port()}/"),
+        db_url.replace(":5432/", f":{free_port()}/"),
         db_url.replace("/reach_sql_", "/missing_"),
         db_url.replace("application_name", "unknown_option"),
         f"host=127.0.0.1 password={CANARY} junk",

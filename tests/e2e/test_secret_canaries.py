@@ -24,7 +24,6 @@ import base64
 import contextlib
 import json
 import re
-import socket
 import sqlite3
 import time
 import uuid
@@ -43,6 +42,7 @@ import yaml
 from agent_reach_controller.identity.pools import token_hash
 from tests.e2e.processes import Cluster, Proc, all_terminal, cluster, wait_until
 from tests.support.otlp import OtlpReceiver
+from tests.support.server import free_port
 from tests.support.sink import Delivery, Response, Sink
 
 pytestmark = pytest.mark.e2e
@@ -90,13 +90,6 @@ def spellings(value: str) -> set[str]:
         base64.b64encode(value.encode()).decode(),
         json.dumps(value)[1:-1],
     }
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port  # nothing listens on it now: connecting is refused
 
 
 def tools_file(directory: Path, sink_url: str, port: int) -> Path:
@@ -433,7 +426,7 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
     seen = Seen()
     with Sink() as sink, OtlpReceiver() as otlp:
         script_sink(sink, secrets)
-        tools = tools_file(tmp_path, sink.url, closed_port())
+        tools = tools_file(tmp_path, sink.url, free_port())
         with cluster(tmp_path) as c:
             # Both processes export every span, to be searched too.
             c.env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
@@ -492,7 +485,7 @@ def test_secret_canaries_never_leak_from_reach_dev(tmp_path: Path) -> None:
     }
     with Sink() as sink:
         script_sink(sink, secrets)
-        tools = tools_file(tmp_path, sink.url, closed_port())
+        tools = tools_file(tmp_path, sink.url, free_port())
         with cluster(tmp_path, env=env) as c:
             dev = c.dev("dev", tools=tools)
             run = exercise(dev, secrets, seen)

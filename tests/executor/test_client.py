@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,6 +19,7 @@ from agent_reach_executor.client import (
     result_to_proto,
 )
 from tests.executor.fake_controller import FakeController
+from tests.support.server import free_port
 
 
 @pytest.fixture
@@ -131,14 +131,8 @@ def test_failed_result_to_proto() -> None:
     assert msg.output_json == b""
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_unreachable_controller_is_a_transient_error() -> None:
-    async with ControllerClient(f"127.0.0.1:{_closed_port()}", executor_id="x") as client:
+    async with ControllerClient(f"127.0.0.1:{free_port()}", executor_id="x") as client:
         with pytest.raises(ControllerError) as caught:
             await client.register(["echo"], slots=1, version="0", deadline_s=2)
     assert caught.value.transient

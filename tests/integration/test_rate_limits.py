@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from agent_reach_controller.services.limiter import RedisLimiter
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.storage.schema import events
 from tests.integration.stack import TOOLS, components_for, ok, submit, write_tools
+from tests.support.server import free_port
 
 LIMITED = {
     "name": "echo.limited",
@@ -192,18 +192,12 @@ async def test_a_wiped_redis_starts_every_bucket_empty(redis_url: str) -> None:
         await client.aclose()
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_postgres_decides_while_redis_is_down(postgres_url: str) -> None:
     from agent_reach_controller.storage import migrate
 
     await asyncio.to_thread(migrate.upgrade, postgres_url)
     db = Database(postgres_url)
-    limiter = RedisLimiter(f"redis://127.0.0.1:{_closed_port()}/0", prefix="test:", timeout=0.2)
+    limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", prefix="test:", timeout=0.2)
     rate = Rate(per_second=4.0, burst=2)
     try:
         async with db.transaction() as conn:
