@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from tests.e2e.processes import all_terminal, cluster, wait_until
-from tests.e2e.test_secret_canaries import closed_port, spellings, sqlite_rows, stop, with_password
+from tests.e2e.test_secret_canaries import spellings, sqlite_rows, stop, with_password
 from tests.support.mcp_server import McpServer
+from tests.support.server import free_port
 from tests.support.smtp import SmtpServer
 
 pytestmark = pytest.mark.e2e
@@ -121,9 +122,7 @@ def test_connector_credentials_never_leak(postgres_url: str, tmp_path: Path) -> 
     ):
         smtp.refused["full@example.org"] = "552 5.2.2 mailbox full"
         tools_file = tmp_path / "tools.yaml"
-        tools_file.write_text(
-            yaml.safe_dump({"tools": tools(smtp.port, closed_port(), remote.url)})
-        )
+        tools_file.write_text(yaml.safe_dump({"tools": tools(smtp.port, free_port(), remote.url)}))
         env = {
             "AGENT_REACH_CONTROLLER_DATABASE_URL": f"sqlite:///{tmp_path / 'dev.db'}",
             "AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY": secrets["admin"],
