@@ -33,7 +33,7 @@ from tests.bench.scenarios import (
     latency,
     running_stack,
     throughput,
-    write_tools,
+    write_bench_tools,
 )
 from tests.e2e.processes import Cluster, Proc
 from tests.support.otlp import OtlpReceiver
@@ -181,7 +181,7 @@ def main() -> int:
         if os.environ.get("AGENT_REACH_BENCH_TRACING") == "1":  # as in tests.bench.run
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = scope.enter_context(OtlpReceiver()).url
         workdir = Path(tmp)
-        tools = write_tools(workdir)
+        tools = write_bench_tools(workdir)
         run = workdir / "run"
         try:
             with running_stack(

@@ -39,7 +39,7 @@ from tests.bench.scenarios import (
     percentile,
     running_stack,
     throughput,
-    write_tools,
+    write_bench_tools,
 )
 from tests.support.otlp import OtlpReceiver
 
@@ -270,7 +270,7 @@ def main() -> int:
 def _measure(config: Config, began: float, plans: int) -> int:
     with tempfile.TemporaryDirectory(prefix="reach-bench-") as tmp:
         workdir = Path(tmp)
-        tools = write_tools(workdir)
+        tools = write_bench_tools(workdir)
         try:
             say(
                 f"== end-to-end throughput: {plans} plans of {config.plan_size} independent steps,"

@@ -35,7 +35,7 @@ from tests.bench.scenarios import (
     _submit_one,
     plan_body,
     running_stack,
-    write_tools,
+    write_bench_tools,
 )
 
 PLAN = 100
@@ -170,7 +170,7 @@ def main() -> int:
     medians: list[tuple[int, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="reach-scale-") as tmp:
         workdir = Path(tmp)
-        tools = write_tools(workdir)
+        tools = write_bench_tools(workdir)
         for size in sizes:
             runs = []
             for r in range(repeats):

@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import psycopg
-import yaml
 
 from tests.bench.machine import cpu_shares, cpu_snapshot, memory_mib
 from tests.e2e.processes import Cluster, Proc
+from tests.support.catalog import write_tools
 
 JSON = {"content-type": "application/json"}
 # Fail a run rather than wait forever: below this rate something is broken, not slow.
@@ -116,31 +116,32 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def write_tools(directory: Path) -> Path:
-    path = directory / "bench-tools.yaml"
-    tool = {
-        "name": "noop",
-        "description": "Returns its arguments (benchmark no-op).",
-        "connector": "echo",
-        "input_schema": {"type": "object"},
-        "timeout": "10s",
-        "retry": {"maximum_attempts": 1},
-        "idempotent": True,
-    }
-    # When the step really started: the executor's clock as its connector runs (a lease is
-    # taken in the submit's own transaction when the step is handed to a waiting poll).
-    clock = {
-        "name": "clock",
-        "description": "Returns the executor's time.time() (benchmark start stamp).",
-        "connector": "python",
-        "config": {"function": "time:time"},
-        "input_schema": {"type": "object", "additionalProperties": False},
-        "timeout": "10s",
-        "retry": {"maximum_attempts": 1},
-        "idempotent": True,
-    }
-    path.write_text(yaml.safe_dump({"tools": [tool, clock]}))
-    return path
+NOOP: dict[str, Any] = {
+    "name": "noop",
+    "description": "Returns its arguments (benchmark no-op).",
+    "connector": "echo",
+    "input_schema": {"type": "object"},
+    "timeout": "10s",
+    "retry": {"maximum_attempts": 1},
+    "idempotent": True,
+}
+# When the step really started: the executor's clock as its connector runs (a lease is
+# taken in the submit's own transaction when the step is handed to a waiting poll).
+CLOCK: dict[str, Any] = {
+    "name": "clock",
+    "description": "Returns the executor's time.time() (benchmark start stamp).",
+    "connector": "python",
+    "config": {"function": "time:time"},
+    "input_schema": {"type": "object", "additionalProperties": False},
+    "timeout": "10s",
+    "retry": {"maximum_attempts": 1},
+    "idempotent": True,
+}
+
+
+def write_bench_tools(directory: Path) -> Path:
+    """The benchmark's catalogue (noop and clock) as a tools file in `directory`."""
+    return write_tools(directory, [NOOP, CLOCK], name="bench-tools.yaml")
 
 
 def plan_body(size: int, tag: str, *, tool: str = "noop", run_at: str | None = None) -> bytes:

@@ -32,12 +32,12 @@ from typing import Any, TypedDict
 
 import httpx
 import psycopg
-import yaml
 
 from agent_reach.states import TERMINAL_STEP_STATES, StepStatus
 from tests.e2e.processes import REACH, Cluster, Proc, wait_until
 from tests.faults.profiles import Profile
 from tests.faults.recording import record_tools
+from tests.support.catalog import write_tools
 from tests.support.history import History
 from tests.support.pgserver import PrivatePostgres
 from tests.support.sink import Sink
@@ -643,12 +643,6 @@ class Progress:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
-
-
-def write_tools(directory: Path, specs: Sequence[dict[str, Any]]) -> Path:
-    path = directory / "tools.yaml"
-    path.write_text(yaml.safe_dump({"tools": list(specs)}, sort_keys=False))
-    return path
 
 
 @dataclass(slots=True)

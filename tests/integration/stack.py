@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from agent_reach_controller.api.app import create_app
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult
@@ -17,37 +16,11 @@ from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components, open_components
 from agent_reach_controller.services.intake import SubmitInput
 from agent_reach_controller.settings import ControllerSettings
+from tests.support import catalog
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "echo.say",
-        "description": "Echo the arguments back.",
-        "connector": "echo",
-        "input_schema": {
-            "type": "object",
-            "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
-        },
-        "retry": {"initial_interval": "10ms", "maximum_attempts": 3, "jitter": False},
-        "idempotent": True,
-    },
-    {
-        "name": "echo.count",
-        "description": "Takes a number.",
-        "connector": "echo",
-        "input_schema": {
-            "type": "object",
-            "required": ["n"],
-            "properties": {"n": {"type": "integer"}},
-        },
-        "retry": {"maximum_attempts": 1},
-    },
-]
-
-
-def write_tools(directory: Path, tools: list[dict[str, Any]] | None = None) -> Path:
-    path = directory / "tools.yaml"
-    path.write_text(yaml.safe_dump({"tools": tools or TOOLS}))
-    return path
+# Most integration tests take the catalogue and its writer from here.
+TOOLS = catalog.TOOLS
+write_tools = catalog.write_tools
 
 
 @contextlib.asynccontextmanager
