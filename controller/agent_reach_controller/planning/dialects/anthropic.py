@@ -6,15 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, Tag, WithJsonSchema
 
 from agent_reach_controller.planning.dialects.base import (
-    TAG,
+    CALL,
+    OTHER,
     Answer,
     Dialect,
     Options,
+    OtherItem,
     StepDraft,
     call_arguments,
+    call_or_other,
     call_pointers,
 )
 from agent_reach_controller.planning.problems import ProblemCode, ProblemCollector
@@ -30,22 +33,13 @@ class AnthropicToolUse(BaseModel):
     )
 
 
-class AnthropicContentBlock(BaseModel):
+class AnthropicContentBlock(OtherItem):
     """Any other content block (text, thinking, a server tool's use): kept, not run."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
-def _kind(block: Any) -> str:
-    uses = isinstance(block, dict) and block.get("type") == "tool_use"
-    return f"{TAG}tool_use" if uses else f"{TAG}other"
 
 
 Block = Annotated[
-    Annotated[AnthropicToolUse, Tag(f"{TAG}tool_use")]
-    | Annotated[AnthropicContentBlock, Tag(f"{TAG}other")],
-    Discriminator(_kind),
+    Annotated[AnthropicToolUse, Tag(CALL)] | Annotated[AnthropicContentBlock, Tag(OTHER)],
+    call_or_other("tool_use"),
 ]
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
 
 from agent_reach_controller.planning.problems import (
     Problem,
@@ -38,6 +38,9 @@ MAX_DEADLINE_S = 30 * 24 * 3600.0
 # Discriminator tags in a union carry this mark: they name a branch, not a field, so they are
 # left out of the JSON pointer of a problem (see `read_model`).
 TAG = "§"
+# The two arms of a vendor's list that mixes calls with other items (see `call_or_other`).
+CALL = f"{TAG}call"
+OTHER = f"{TAG}other"
 
 Caps = Annotated[
     dict[Annotated[str, Field(pattern=EFFECT_CLASS)], Annotated[float, Field(ge=0, le=MAX_UNITS)]],
@@ -116,6 +119,24 @@ class Options(BaseModel):
     webhook: Webhook | None = Field(
         None, description="Announce the task's end here, so nobody need hold a stream open"
     )
+
+
+class OtherItem(BaseModel):
+    """An item of a vendor's list that is not a call: kept, not run."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def call_or_other(call_type: str) -> Discriminator:
+    """Tells a vendor's list's calls (items of type `call_type`: the `CALL` arm) from its other
+    items (the `OTHER` arm), so a malformed call is refused as a call, never kept as an item."""
+
+    def arm(item: Any) -> str:
+        calls = isinstance(item, dict) and item.get("type") == call_type
+        return CALL if calls else OTHER
+
+    return Discriminator(arm)
 
 
 _OPTIONS = tuple(Options.model_fields)

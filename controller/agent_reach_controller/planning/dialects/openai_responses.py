@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Field, Tag
 
 from agent_reach_controller.planning.dialects.base import (
-    TAG,
+    CALL,
+    OTHER,
     Answer,
     Dialect,
     Options,
+    OtherItem,
     StepDraft,
     call_arguments,
+    call_or_other,
     call_pointers,
 )
 from agent_reach_controller.planning.dialects.openai_chat import Arguments
@@ -30,22 +33,13 @@ class ResponsesFunctionCall(BaseModel):
     status: str | None = None
 
 
-class ResponsesOutputItem(BaseModel):
+class ResponsesOutputItem(OtherItem):
     """Any other output item (a message, reasoning, a hosted tool's call): kept, not run."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
-def _kind(item: Any) -> str:
-    calls = isinstance(item, dict) and item.get("type") == "function_call"
-    return f"{TAG}function_call" if calls else f"{TAG}other"
 
 
 OutputItem = Annotated[
-    Annotated[ResponsesFunctionCall, Tag(f"{TAG}function_call")]
-    | Annotated[ResponsesOutputItem, Tag(f"{TAG}other")],
-    Discriminator(_kind),
+    Annotated[ResponsesFunctionCall, Tag(CALL)] | Annotated[ResponsesOutputItem, Tag(OTHER)],
+    call_or_other("function_call"),
 ]
 
 
