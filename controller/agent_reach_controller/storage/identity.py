@@ -103,12 +103,7 @@ async def load_api_key(conn: Connection, key_id: str) -> ApiKeyRow | None:
 
 async def revoke_api_key(conn: Connection, key_id: str, *, now: datetime) -> bool:
     """Mark a live API key revoked; False when there is no such live key."""
-    done = await conn.execute(
-        sa.update(api_keys)
-        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
-        .values(revoked_at=now)
-    )
-    return bool(done.rowcount)
+    return await _revoke(conn, api_keys, api_keys.c.key_id == key_id, now=now)
 
 
 # --- executor pool tokens -------------------------------------------------------------------
@@ -147,10 +142,16 @@ async def newest_live_pool_token(conn: Connection, name: str) -> PoolTokenRow | 
 
 async def revoke_pool_token(conn: Connection, token_id: str, *, now: datetime) -> bool:
     """Mark a live pool token revoked; False when there is no such live token."""
+    return await _revoke(conn, executor_tokens, executor_tokens.c.token_id == token_id, now=now)
+
+
+async def _revoke(
+    conn: Connection, table: sa.Table, which: sa.ColumnElement[bool], *, now: datetime
+) -> bool:
+    """Revoke the credential `which` picks if it is live: a credential is revoked once, and the
+    first revocation's time stays (False: none was live)."""
     done = await conn.execute(
-        sa.update(executor_tokens)
-        .where(executor_tokens.c.token_id == token_id, executor_tokens.c.revoked_at.is_(None))
-        .values(revoked_at=now)
+        sa.update(table).where(which, table.c.revoked_at.is_(None)).values(revoked_at=now)
     )
     return bool(done.rowcount)
 

@@ -176,23 +176,9 @@ class Notifier:
             self._epoch += 1
         self._wake()
 
-    async def publish(
-        self,
-        conn: AsyncConnection,
-        *,
-        connectors: Iterable[str] = (),
-        tasks: Iterable[str] = (),
-        events: Iterable[str] = (),
-        follows: Iterable[str] = (),
-    ) -> Wake:
-        """Record what `conn`'s transaction changed; call `after_commit` with it once committed."""
-        del conn
-        return Wake(
-            connectors=frozenset(connectors),
-            tasks=frozenset(tasks),
-            events=frozenset(events),
-            follows=frozenset(follows),
-        )
+    async def publish(self, conn: AsyncConnection, wake: Wake) -> None:
+        """Send what must travel inside `conn`'s transaction (nothing, in process)."""
+        del conn, wake
 
     async def announce(
         self,
@@ -206,9 +192,13 @@ class Notifier:
         """Tell every replica, once `conn`'s transaction commits, what it changed: pollers of
         these connectors, waiters on these tasks, followers of these tasks' events (nothing is
         told if it rolls back)."""
-        wake = await self.publish(
-            conn, connectors=connectors, tasks=tasks, events=events, follows=follows
+        wake = Wake(
+            connectors=frozenset(connectors),
+            tasks=frozenset(tasks),
+            events=frozenset(events),
+            follows=frozenset(follows),
         )
+        await self.publish(conn, wake)
         if wake.connectors or wake.tasks or wake.events or wake.follows:
 
             async def committed() -> None:
@@ -333,19 +323,8 @@ class PostgresNotifier(_ListeningNotifier):
         super().__init__()
         self._conninfo = conninfo
 
-    async def publish(
-        self,
-        conn: AsyncConnection,
-        *,
-        connectors: Iterable[str] = (),
-        tasks: Iterable[str] = (),
-        events: Iterable[str] = (),
-        follows: Iterable[str] = (),
-    ) -> Wake:
+    async def publish(self, conn: AsyncConnection, wake: Wake) -> None:
         """Queue the messages; all of a transaction's go out in one statement before commit."""
-        wake = await super().publish(
-            conn, connectors=connectors, tasks=tasks, events=events, follows=follows
-        )
         payloads = self._payloads(wake)
         if payloads:
             pending: list[tuple[str, str]] | None = conn.info.get(_NOTIFY)
@@ -353,7 +332,6 @@ class PostgresNotifier(_ListeningNotifier):
                 pending = conn.info[_NOTIFY] = []
                 before_commit(conn, _send_notifies)
             pending.extend(payloads)
-        return wake
 
     async def _listen_once(self) -> None:
         async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
