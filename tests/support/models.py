@@ -1,11 +1,23 @@
-"""A scripted model server on 127.0.0.1 that speaks just enough OpenAI Chat Completions, OpenAI
-Responses and Anthropic Messages for an agent loop: asked first, it calls tools; given their
-results, it answers with a sentence quoting them. No network, no model, the vendors' own SDKs as
-its clients."""
+"""A scripted model server on 127.0.0.1 speaking OpenAI Chat Completions, OpenAI Responses and
+Anthropic Messages: it answers from a script of replies, each said once in the dialect of the path
+asked, records every request, and misbehaves on demand. No network, no model.
+
+    with ScriptedModels([call_tools([("echo_say", {"text": "hi"})]), answer("done")]) as models:
+        ...  # point a client at models.url (ends in /v1; Anthropic's SDK wants models.root)
+
+Without a script it plays a two-turn agent loop (the examples' test): asked first, it calls the
+tools in `CALLS`; given their results, it answers with a sentence quoting them. A reply is a
+`Reply`: text, tool calls and usage, or a misbehaviour (an error status, a redirect, a gzip body,
+padding past a size cap, a cut tool call, arguments that are not JSON, another dialect).
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,42 +26,142 @@ from tests.support.server import HttpServer
 # The calls the model makes on its first turn: (tool name as the model sees it, arguments).
 CALLS = [("echo_say", {"text": "hi"}), ("echo_say", {"text": 5})]
 
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+DIALECTS = {CHAT: "openai_chat", RESPONSES: "openai_responses", MESSAGES: "anthropic"}
 
-def _text_of(results: list[str]) -> str:
-    return "the tools said: " + " | ".join(results)
+
+@dataclass(frozen=True, kw_only=True)
+class Usage:
+    """What a reply says it used (which a lying model makes up)."""
+
+    input: int = 10
+    output: int = 5
+    cached: int = 0
 
 
-def chat(body: dict[str, Any]) -> dict[str, Any]:
-    results = [m["content"] for m in body["messages"] if m.get("role") == "tool"]
-    if results:
-        message: dict[str, Any] = {"role": "assistant", "content": _text_of(results)}
-        finish = "stop"
-    else:
-        calls = [
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
-            }
-            for i, (name, args) in enumerate(CALLS)
-        ]
-        message = {"role": "assistant", "content": None, "tool_calls": calls}
-        finish = "tool_calls"
+@dataclass(frozen=True, kw_only=True)
+class Reply:
+    """One scripted answer.
+
+    `calls`: (name, arguments) of tool calls; arguments that are a string go out verbatim (cut or
+    not JSON), anything else as JSON. `finish`: "length" says the reply was cut at max tokens.
+    `status` other than 200 answers with that status (`headers` too) and an error body.
+    `dialect`: answer in this endpoint kind whatever the path. `pad`: bytes of filler added to
+    the text. `gzip`: the body goes gzip-compressed (Content-Encoding: gzip). `raw`: the body
+    as it is, whatever the dialect (HTML from a proxy, say).
+    """
+
+    text: str | None = None
+    calls: tuple[tuple[str, Any], ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish: str | None = None
+    status: int = 200
+    headers: tuple[tuple[str, str], ...] = ()
+    dialect: str | None = None
+    pad: int = 0
+    gzip: bool = False
+    raw: bytes | None = None
+
+
+def answer(text: str, *, usage: Usage | None = None) -> Reply:
+    """A final answer."""
+    return Reply(text=text, usage=usage or Usage())
+
+
+def call_tools(calls: Iterable[tuple[str, Any]], *, usage: Usage | None = None) -> Reply:
+    """A reply that calls these tools."""
+    return Reply(calls=tuple(calls), usage=usage or Usage())
+
+
+def cut_call(name: str, partial_arguments: str) -> Reply:
+    """A reply cut at max tokens in the middle of a tool call's arguments."""
+    return Reply(calls=((name, partial_arguments),), finish="length")
+
+
+def failure(status: int, *, retry_after: str | None = None) -> Reply:
+    """An error status (429 with `retry_after`, 500, 401, ...)."""
+    headers = () if retry_after is None else (("Retry-After", retry_after),)
+    return Reply(status=status, headers=headers)
+
+
+def redirect(location: str, *, status: int = 307) -> Reply:
+    """A redirect elsewhere."""
+    return Reply(status=status, headers=(("Location", location),))
+
+
+def oversized(size: int) -> Reply:
+    """An answer of more than `size` bytes."""
+    return Reply(text="big", pad=size)
+
+
+def gzip_bomb(size: int) -> Reply:
+    """A small gzip body that inflates past `size` bytes."""
+    return Reply(text="bomb", pad=size, gzip=True)
+
+
+def in_dialect(dialect: str, reply: Reply) -> Reply:
+    """`reply` said in another endpoint kind than the path asked."""
+    return replace(reply, dialect=dialect)
+
+
+def _arguments(args: Any) -> str:
+    return args if isinstance(args, str) else json.dumps(args)
+
+
+def _text(reply: Reply) -> str | None:
+    if reply.text is None:
+        return None
+    return reply.text + " " * reply.pad if reply.pad else reply.text
+
+
+def chat_reply(reply: Reply, model: str) -> dict[str, Any]:
+    """`reply` as an OpenAI ChatCompletion."""
+    calls = [
+        {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": _arguments(args)},
+        }
+        for i, (name, args) in enumerate(reply.calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": _text(reply)}
+    if calls:
+        message["tool_calls"] = calls
+    finish = reply.finish or ("tool_calls" if calls else "stop")
+    usage = reply.usage
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "created": 0,
-        "model": body["model"],
+        "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": usage.input,
+            "completion_tokens": usage.output,
+            "total_tokens": usage.input + usage.output,
+            "prompt_tokens_details": {"cached_tokens": usage.cached},
+        },
     }
 
 
-def responses(body: dict[str, Any]) -> dict[str, Any]:
-    items = body["input"] if isinstance(body["input"], list) else []
-    results = [i["output"] for i in items if i.get("type") == "function_call_output"]
-    if results:
-        text = _text_of(results)
-        output: list[dict[str, Any]] = [
+def responses_reply(reply: Reply, model: str) -> dict[str, Any]:
+    """`reply` as an OpenAI Responses `Response`."""
+    output: list[dict[str, Any]] = [
+        {
+            "type": "function_call",
+            "id": f"fc_{i}",
+            "call_id": f"call_{i}",
+            "name": name,
+            "arguments": _arguments(args),
+            "status": "completed",
+        }
+        for i, (name, args) in enumerate(reply.calls)
+    ]
+    text = _text(reply)
+    if text is not None:
+        output.append(
             {
                 "type": "message",
                 "id": "msg_2",
@@ -57,77 +169,164 @@ def responses(body: dict[str, Any]) -> dict[str, Any]:
                 "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
-        ]
-    else:
-        output = [
-            {
-                "type": "function_call",
-                "id": f"fc_{i}",
-                "call_id": f"call_{i}",
-                "name": name,
-                "arguments": json.dumps(args),
-                "status": "completed",
-            }
-            for i, (name, args) in enumerate(CALLS)
-        ]
+        )
+    cut = reply.finish == "length"
+    usage = reply.usage
     return {
         "id": "resp_1",
         "object": "response",
         "created_at": 0,
-        "model": body["model"],
-        "status": "completed",
+        "model": model,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "output": output,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
-        "tools": body.get("tools", []),
+        "tools": [],
+        "usage": {
+            "input_tokens": usage.input,
+            "input_tokens_details": {"cached_tokens": usage.cached, "cache_write_tokens": 0},
+            "output_tokens": usage.output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.input + usage.output,
+        },
     }
 
 
-def messages(body: dict[str, Any]) -> dict[str, Any]:
-    last = body["messages"][-1]
-    blocks = last["content"] if isinstance(last["content"], list) else []
-    results = [b["content"] for b in blocks if b.get("type") == "tool_result"]
-    if results:
-        content: list[dict[str, Any]] = [{"type": "text", "text": _text_of(results)}]
-        stop = "end_turn"
-    else:
-        content = [
-            {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": args}
-            for i, (name, args) in enumerate(CALLS)
-        ]
-        stop = "tool_use"
+def _input_of(args: Any) -> Any:
+    """Anthropic's tool_use input is an object: a cut or non-JSON string goes as it parses."""
+    if not isinstance(args, str):
+        return args
+    try:
+        return json.loads(args)
+    except ValueError:
+        return {"_raw": args}
+
+
+def messages_reply(reply: Reply, model: str) -> dict[str, Any]:
+    """`reply` as an Anthropic `Message`."""
+    content: list[dict[str, Any]] = []
+    text = _text(reply)
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    content += [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": _input_of(args)}
+        for i, (name, args) in enumerate(reply.calls)
+    ]
+    stop = {"length": "max_tokens"}.get(
+        reply.finish or "", "tool_use" if reply.calls else "end_turn"
+    )
+    usage = reply.usage
     return {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",
-        "model": body["model"],
+        "model": model,
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
+        "usage": {
+            # Anthropic counts cache reads apart; `Usage.input` counts them as OpenAI does.
+            "input_tokens": usage.input - usage.cached,
+            "output_tokens": usage.output,
+            "cache_read_input_tokens": usage.cached,
+            "cache_creation_input_tokens": 0,
+        },
     }
 
 
-ROUTES = {"/v1/chat/completions": chat, "/v1/responses": responses, "/v1/messages": messages}
+RENDER = {
+    "openai_chat": chat_reply,
+    "openai_responses": responses_reply,
+    "anthropic": messages_reply,
+}
+
+
+def _results(path: str, body: dict[str, Any]) -> list[Any]:
+    """The tool results the request carries back to the model, in its dialect."""
+    if path == CHAT:
+        return [m["content"] for m in body["messages"] if m.get("role") == "tool"]
+    if path == RESPONSES:
+        items = body["input"] if isinstance(body["input"], list) else []
+        return [i["output"] for i in items if i.get("type") == "function_call_output"]
+    last = body["messages"][-1]
+    blocks = last["content"] if isinstance(last["content"], list) else []
+    return [b["content"] for b in blocks if b.get("type") == "tool_result"]
+
+
+def agent_loop(path: str, body: dict[str, Any]) -> Reply:
+    """The unscripted model: call `CALLS`, then answer quoting their results."""
+    results = _results(path, body)
+    if results:
+        return answer("the tools said: " + " | ".join(str(r) for r in results))
+    return call_tools(CALLS, usage=Usage(input=1, output=1))
+
+
+def chat(body: dict[str, Any]) -> dict[str, Any]:
+    return chat_reply(agent_loop(CHAT, body), body["model"])
+
+
+def responses(body: dict[str, Any]) -> dict[str, Any]:
+    return responses_reply(agent_loop(RESPONSES, body), body["model"])
+
+
+def messages(body: dict[str, Any]) -> dict[str, Any]:
+    return messages_reply(agent_loop(MESSAGES, body), body["model"])
+
+
+ROUTES = {CHAT: chat, RESPONSES: responses, MESSAGES: messages}
+
+
+def _error_body(status: int) -> dict[str, Any]:
+    return {"error": {"type": "scripted_error", "message": f"scripted status {status}"}}
 
 
 class _Server(ThreadingHTTPServer):
     requests: list[tuple[str, dict[str, Any]]]
+    headers_seen: list[dict[str, str]]
+    script: list[Reply] | None
+    lock: threading.Lock
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_POST(self) -> None:
-        route = ROUTES.get(self.path.split("?")[0])
+        path = self.path.split("?")[0]
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        if route is None:
+        if path not in DIALECTS:
             self.send_error(404)
             return
-        self.server.requests.append((self.path, body))
-        payload = json.dumps(route(body)).encode()
-        self.send_response(200)
+        with self.server.lock:
+            self.server.requests.append((self.path, body))
+            self.server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+            script = self.server.script
+            reply = (
+                agent_loop(path, body) if script is None else (script.pop(0) if script else None)
+            )
+        if reply is None:
+            self._send(500, json.dumps(_error_body(500)).encode(), ())
+            return
+        if reply.status != 200:
+            redirected = 300 <= reply.status < 400
+            payload = b"" if redirected else json.dumps(_error_body(reply.status)).encode()
+            self._send(reply.status, payload, reply.headers)
+            return
+        render = RENDER[reply.dialect or DIALECTS[path]]
+        payload = reply.raw
+        if payload is None:
+            payload = json.dumps(render(reply, str(body.get("model", "scripted")))).encode()
+        headers = reply.headers
+        if reply.gzip:
+            payload = gzip.compress(payload, compresslevel=9)
+            headers = (*headers, ("Content-Encoding", "gzip"))
+        self._send(200, payload, headers)
+
+    def _send(self, status: int, payload: bytes, headers: Sequence[tuple[str, str]]) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -137,14 +336,33 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ScriptedModels(HttpServer):
-    """Start with `with ScriptedModels() as models:`; `models.url` ends in /v1."""
+    """Start with `with ScriptedModels(script) as models:`; `models.url` ends in /v1.
 
-    def __init__(self) -> None:
-        super().__init__(_Handler, server_class=_Server, name="models")
+    `script`: the replies, each given once, in order (a request past its end answers 500);
+    None: the unscripted agent loop. `requests` holds (path, body) of every request received,
+    `headers_seen` their headers (lower-case names), in order.
+    """
+
+    def __init__(self, script: Iterable[Reply] | None = None) -> None:
+        super().__init__(_Handler, server_class=_Server, name="models", poll_interval=0.05)
         assert isinstance(self._server, _Server)
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.headers_seen: list[dict[str, str]] = []
+        self.script: list[Reply] | None = None if script is None else list(script)
         self._server.requests = self.requests
+        self._server.headers_seen = self.headers_seen
+        self._server.script = self.script
+        self._server.lock = threading.Lock()
+
+    @property
+    def root(self) -> str:
+        """`http://127.0.0.1:<port>`: Anthropic's SDK adds /v1 itself."""
+        return super().url
 
     @property
     def url(self) -> str:
         return f"{super().url}/v1"
+
+    def count(self, path: str | None = None) -> int:
+        """How many requests arrived (to `path` only, when given)."""
+        return sum(1 for asked, _ in self.requests if path is None or asked.split("?")[0] == path)
