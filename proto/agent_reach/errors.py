@@ -168,6 +168,10 @@ class ProblemCode(StrEnum):
     REVISION_MISMATCH = "revision_mismatch"
     CATALOG_CONFLICT = "catalog_conflict"
     INVALID_TOOLS = "invalid_tools"
+    # A replica that does not serve this now (another may): retry after the delay given.
+    SHUTTING_DOWN = "shutting_down"
+    NOT_STARTED = "not_started"
+    TOO_MANY_STREAMS = "too_many_streams"
     # Triggers (signed events that start stored plans).
     TRIGGER_ERROR = "trigger_error"
     BAD_SIGNATURE = "bad_signature"
@@ -220,6 +224,15 @@ PROBLEM_KINDS: dict[ProblemCode, ErrorKind] = {
     ),
     ProblemCode.INVALID_TOOLS: ErrorKind(
         retryable=False, http_status=422, title="Invalid tool definitions"
+    ),
+    ProblemCode.SHUTTING_DOWN: ErrorKind(
+        retryable=True, http_status=503, title="This replica is stopping"
+    ),
+    ProblemCode.NOT_STARTED: ErrorKind(
+        retryable=True, http_status=503, title="This replica is not serving this yet"
+    ),
+    ProblemCode.TOO_MANY_STREAMS: ErrorKind(
+        retryable=True, http_status=429, title="Too many live event streams"
     ),
     ProblemCode.TRIGGER_ERROR: ErrorKind(
         retryable=False, http_status=400, title="The trigger cannot be used"

@@ -21,13 +21,10 @@ from agent_reach_controller.api import (
     tools,
     triggers,
 )
-from agent_reach_controller.api.errors import RETRY_AFTER_S, storage_unavailable
+from agent_reach_controller.api.errors import RETRY_AFTER_S
 from agent_reach_controller.api.keys import router as keys_router
-from agent_reach_controller.api.problems import (
-    problem_response,
-    problem_responses,
-    single_query_values,
-)
+from agent_reach_controller.api.problems import problem_responses, single_query_values
+from agent_reach_controller.api.serving import ShuttingDownError, StorageUnavailableError
 from agent_reach_controller.api.tasks import components
 from agent_reach_controller.api.tasks import router as tasks_router
 from agent_reach_controller.runtime import Components
@@ -56,17 +53,14 @@ class Ready(BaseModel):
 )
 async def readyz(deps: Deps) -> Response:
     if deps.stopping:
-        return problem_response(
-            503,
-            code="shutting_down",
-            title="This controller is stopping",
-            detail="it still serves what was sent, but sends nothing new here; use another replica",
-            headers={"Retry-After": RETRY_AFTER_S},
+        raise ShuttingDownError(
+            "it still serves what was sent, but sends nothing new here; use another replica",
+            retry_after=RETRY_AFTER_S,
         )
     try:
         await deps.db.ping()
-    except DATABASE_ERRORS:
-        return storage_unavailable()
+    except DATABASE_ERRORS as exc:
+        raise StorageUnavailableError from exc
     return JSONResponse({"status": "ready"})
 
 
@@ -83,15 +77,10 @@ async def pool_demand(pool: str, deps: Deps) -> Response:
     trigger): no key, like /metrics, so an autoscaler never holds a credential."""
     try:
         found = await deps.autoscaling.demand(pool)
-    except DATABASE_ERRORS:
-        return storage_unavailable()
+    except DATABASE_ERRORS as exc:
+        raise StorageUnavailableError from exc
     if found is None:
-        return problem_response(
-            404,
-            code="not_found",
-            title="No such pool",
-            detail=f"no executor token or session names the pool {pool!r}",
-        )
+        raise executors.PoolNotFoundError(pool)
     return JSONResponse(found.to_json())
 
 

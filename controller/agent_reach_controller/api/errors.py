@@ -25,8 +25,16 @@ from starlette.requests import ClientDisconnect
 
 from agent_reach.errors import ERROR_KINDS, PROBLEM_KINDS, ErrorCode, ProblemCode, problem_kind
 from agent_reach_controller.api.auth import CsrfError, ForbiddenError, UnauthenticatedError
+from agent_reach_controller.api.events import TooManyStreamsError
+from agent_reach_controller.api.executors import PoolNotFoundError, PoolTokenNotFoundError
 from agent_reach_controller.api.keys import KeyNotFoundError, UnknownRoleError
 from agent_reach_controller.api.problems import pointer_from_loc, problem_response
+from agent_reach_controller.api.serving import (
+    NotServingError,
+    NotStartedError,
+    ShuttingDownError,
+    StorageUnavailableError,
+)
 from agent_reach_controller.api.tasks import (
     BadJsonError,
     BodyTooLargeError,
@@ -59,7 +67,7 @@ from agent_reach_controller.storage.engine import STORAGE_DOWN
 log = logging.getLogger(__name__)
 
 # How long a caller waits before it retries when storage is down (nothing was lost or half-done).
-RETRY_AFTER_S = "2"
+RETRY_AFTER_S = 2
 
 E = TypeVar("E", bound=Exception)
 
@@ -112,6 +120,14 @@ def _retry_later(request: Request, _: Exception) -> dict[str, str]:
     return {"Retry-After": str(retry_after)}
 
 
+def _retry_storage(_: Request, __: Exception) -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_S)}
+
+
+def _retry_elsewhere(_: Request, exc: NotServingError) -> dict[str, str]:
+    return {"Retry-After": str(exc.retry_after)}
+
+
 def _not_moved(exc: NotReschedulableError) -> dict[str, Any]:
     return {"not_moved": [asdict(n) for n in exc.not_moved]} if exc.not_moved else {}
 
@@ -144,6 +160,18 @@ ANSWERS: tuple[Answer[Any], ...] = (
         code=ErrorCode.NOT_FOUND,
         title="No such key",
         detail=lambda e: f"no key {e.args[0]!r}",
+    ),
+    Answer(
+        error=PoolTokenNotFoundError,
+        code=ErrorCode.NOT_FOUND,
+        title="No such executor token",
+        detail=lambda e: f"no live database token {e.args[0]!r}",
+    ),
+    Answer(
+        error=PoolNotFoundError,
+        code=ErrorCode.NOT_FOUND,
+        title="No such pool",
+        detail=lambda e: f"no executor token or session names the pool {e.args[0]!r}",
     ),
     # Who asks, and whether they may.
     Answer(
@@ -208,16 +236,21 @@ ANSWERS: tuple[Answer[Any], ...] = (
         detail=lambda e: f"{e}; nothing was accepted, retry later",
         headers=_retry_later,
     ),
+    Answer(error=TooManyStreamsError, code=ProblemCode.TOO_MANY_STREAMS, headers=_retry_later),
     *(
         Answer(
             error=lost,
             code=ErrorCode.STORAGE_UNAVAILABLE,
             detail=lambda _: "the database did not answer; retry after the delay given",
-            headers=lambda _, __: {"Retry-After": RETRY_AFTER_S},
-            warn="storage_down",
+            headers=_retry_storage,
+            # An outage met by a request is worth a warning; a probe's answer says it already.
+            warn=None if lost is StorageUnavailableError else "storage_down",
         )
-        for lost in STORAGE_DOWN
+        for lost in (*STORAGE_DOWN, StorageUnavailableError)
     ),
+    # Not served here now: another replica may answer at once.
+    Answer(error=ShuttingDownError, code=ProblemCode.SHUTTING_DOWN, headers=_retry_elsewhere),
+    Answer(error=NotStartedError, code=ProblemCode.NOT_STARTED, headers=_retry_elsewhere),
     # What a task or step is now does not allow what was asked.
     Answer(error=NotATurnError, code=ProblemCode.NOT_A_TURN),
     Answer(error=NotReschedulableError, code=ProblemCode.NOT_RESCHEDULABLE, more=_not_moved),
@@ -293,18 +326,6 @@ async def answer(request: Request, exc: Exception) -> Response:
         errors=errors,
         headers=row.headers(request, exc),
         **more,
-    )
-
-
-def storage_unavailable() -> Response:
-    """503 with Retry-After, for a route that found storage down itself (readiness)."""
-    kind = ERROR_KINDS[ErrorCode.STORAGE_UNAVAILABLE]
-    return problem_response(
-        kind.http_status,
-        code=ErrorCode.STORAGE_UNAVAILABLE.value,
-        title=kind.title,
-        detail="the database did not answer; retry after the delay given",
-        headers={"Retry-After": RETRY_AFTER_S},
     )
 
 

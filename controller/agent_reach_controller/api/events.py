@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agent_reach_controller.api import schemas
-from agent_reach_controller.api.problems import problem_response
+from agent_reach_controller.api.serving import ShuttingDownError
 from agent_reach_controller.domain.records import EventRow
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import EventFeed, FollowInput
@@ -77,26 +77,25 @@ async def stream_ask(
 StreamAsked = Annotated[StreamAsk | None, Depends(stream_ask)]
 
 
+class TooManyStreamsError(Exception):
+    """This replica serves as many live event streams as it may."""
+
+    def __init__(self, followers: int, limit: int) -> None:
+        super().__init__(
+            f"this replica already serves {followers:,} event streams (the limit is {limit:,}); "
+            "retry later"
+        )
+
+
 def stream_events(deps: Components, task_id: str, *, after: int) -> Response:
     """The stream (the caller has checked the key and the tenant), or 429 over the cap."""
     settings = deps.settings
     if deps.feed.closing:
-        return problem_response(
-            503,
-            code="shutting_down",
-            title="This replica is shutting down",
-            detail="it serves no new event streams; retry (another replica will answer)",
-            headers={"Retry-After": "1"},
+        raise ShuttingDownError(
+            "it serves no new event streams; retry (another replica will answer)", retry_after=1
         )
     if not deps.feed.reserve(settings.max_event_streams):
-        return problem_response(
-            429,
-            code="too_many_streams",
-            title="Too many live event streams",
-            detail=f"this replica already serves {deps.feed.followers:,} event streams (the "
-            f"limit is {settings.max_event_streams:,}); retry later",
-            headers={"Retry-After": str(settings.overload_retry_after_seconds)},
-        )
+        raise TooManyStreamsError(deps.feed.followers, settings.max_event_streams)
     follow = FollowInput(
         task_id=task_id,
         after=after,

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from agent_reach_controller.api import schemas
 from agent_reach_controller.api.auth import Caller, require_admin
-from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
+from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.identity.pools import NAME_PATTERN, PoolToken
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.sessions import SessionInfo
@@ -19,6 +19,14 @@ fleet_router = APIRouter(prefix="/v1/executors", tags=["executors"], responses=V
 
 _CONNECTOR = r"^[a-z][a-z0-9_.-]{0,63}$"
 _TOOL_PATTERN = r"^[A-Za-z0-9_.*?\[\]-]{1,128}$"
+
+
+class PoolTokenNotFoundError(LookupError):
+    """No live database token has this id."""
+
+
+class PoolNotFoundError(LookupError):
+    """No executor token or session names this pool."""
 
 
 class PoolTokenIn(BaseModel):
@@ -152,12 +160,7 @@ async def revoke_token(token_id: str, request: Request, who: Caller) -> Response
     deps = _components(request)
     require_admin(deps, who)
     if not await deps.pools.revoke(token_id, by=who.name):
-        return problem_response(
-            404,
-            code="not_found",
-            title="No such executor token",
-            detail=f"no live database token {token_id!r}",
-        )
+        raise PoolTokenNotFoundError(token_id)
     await deps.leases.reap_sessions()
     return Response(status_code=204)
 

@@ -33,8 +33,8 @@ from starlette.types import Receive, Scope, Send
 
 from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus
-from agent_reach_controller.api.auth import UnauthenticatedError, authenticate
-from agent_reach_controller.api.problems import problem_response
+from agent_reach_controller.api.auth import authenticate
+from agent_reach_controller.api.serving import NotStartedError, ShuttingDownError
 from agent_reach_controller.api.tasks import (
     Acceptance,
     TooManyInFlightError,
@@ -97,30 +97,15 @@ class McpGateway:
                 self._manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        try:
-            who = await authenticate(self._deps, request)
-        except UnauthenticatedError as exc:
-            answer = problem_response(
-                401,
-                code="unauthenticated",
-                title="An API key is needed",
-                detail=exc.detail,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await answer(scope, receive, send)
-            return
+        # What is refused here (no key, not serving) is raised for the app's error table.
+        who = await authenticate(self._deps, Request(scope, receive))
         manager = self._manager
-        if manager is None or self._deps.stopping:
-            answer = problem_response(
-                503,
-                code="shutting_down" if self._deps.stopping else "not_started",
-                title="The MCP gateway is not serving here",
-                detail="use another replica, or retry",
-                headers={"Retry-After": "1"},
+        if self._deps.stopping:
+            raise ShuttingDownError(
+                "the MCP gateway is stopping here; use another replica", retry_after=1
             )
-            await answer(scope, receive, send)
-            return
+        if manager is None:
+            raise NotStartedError("the MCP gateway is not serving here yet; retry", retry_after=1)
         scope.setdefault("state", {})["principal"] = who
         await manager.handle_request(scope, receive, send)
 
