@@ -38,6 +38,7 @@ from agent_reach_controller.services.queries import TaskQueries
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.reporting import ReportingService
 from agent_reach_controller.services.retention import RetentionService
+from agent_reach_controller.services.runs import RunService
 from agent_reach_controller.services.sessions import SessionService
 from agent_reach_controller.services.sweeps import Supervision, Sweep
 from agent_reach_controller.services.tool_health import ToolHealth
@@ -68,6 +69,7 @@ class Components:
     work: UnitOfWork
     # The use cases, one service per job.
     intake: IntakeService
+    runs: RunService
     queries: TaskQueries
     operator: OperatorService
     admission: AdmissionService
@@ -220,6 +222,13 @@ async def open_components(settings: ControllerSettings) -> Components:
         tool_health=tool_health,
         hand_off=hand_off,
     )
+    intake = IntakeService(
+        work=work,
+        hand_off=hand_off,
+        environment_of=lambda tenant: policy.environment_for(tenant, settings.environment),
+    )
+    runs = RunService(work=work, intake=intake, receipt_budget=settings.receipt_budget_chars)
+    work.runs = runs
     return Components(
         settings=settings,
         db=db,
@@ -227,11 +236,8 @@ async def open_components(settings: ControllerSettings) -> Components:
         notifier=notifier,
         metrics=metrics,
         work=work,
-        intake=IntakeService(
-            work=work,
-            hand_off=hand_off,
-            environment_of=lambda tenant: policy.environment_for(tenant, settings.environment),
-        ),
+        intake=intake,
+        runs=runs,
         queries=TaskQueries(db=db, notifier=notifier),
         operator=operator,
         admission=admission,

@@ -180,9 +180,14 @@ class ProblemCode(StrEnum):
     TRIGGER_CHANGED = "trigger_changed"
     INVALID_SECRET = "invalid_secret"
     INVALID_EVENT_ID = "invalid_event_id"
+    # Agent runs.
+    RUN_NOT_ENDED = "run_not_ended"
 
 
 PROBLEM_KINDS: dict[ProblemCode, ErrorKind] = {
+    ProblemCode.RUN_NOT_ENDED: ErrorKind(
+        retryable=True, http_status=409, title="The run has not ended"
+    ),
     ProblemCode.UNAUTHENTICATED: ErrorKind(
         retryable=False, http_status=401, title="An API key is needed"
     ),

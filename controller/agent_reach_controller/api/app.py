@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from starlette.routing import Route
 
 from agent_reach_controller.api import (
+    agents,
     approvals,
     console,
     errors,
@@ -18,6 +19,7 @@ from agent_reach_controller.api import (
     media,
     openapi,
     replay,
+    runs,
     tools,
     triggers,
 )
@@ -103,6 +105,8 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(replay.router)
     app.include_router(tools.catalogue)  # before `tools.router`: `/v1/tools:export` is no tool
     app.include_router(tools.router)
+    app.include_router(agents.router)
+    app.include_router(runs.router)
     app.include_router(keys_router)
     app.include_router(executors.tokens_router)
     app.include_router(executors.fleet_router)

@@ -61,6 +61,12 @@ from agent_reach_controller.services.registry import (
     ToolExistsError,
     ToolNotFoundError,
 )
+from agent_reach_controller.services.runs import (
+    AgentNotFoundError,
+    RunInputError,
+    RunNotFoundError,
+    RunStateError,
+)
 from agent_reach_controller.services.triggers import TriggerError
 from agent_reach_controller.storage.engine import STORAGE_DOWN
 
@@ -155,6 +161,17 @@ ANSWERS: tuple[Answer[Any], ...] = (
         detail=lambda e: f"no step {e.args[0]!r}",
     ),
     Answer(error=ToolNotFoundError, code=ErrorCode.NOT_FOUND, title="No such tool"),
+    Answer(error=AgentNotFoundError, code=ErrorCode.NOT_FOUND, title="No such agent"),
+    Answer(error=RunNotFoundError, code=ErrorCode.NOT_FOUND, title="No such run"),
+    Answer(error=RunStateError, code=ProblemCode.RUN_NOT_ENDED),
+    Answer(
+        error=RunInputError,
+        code=ProblemCode.INVALID_REQUEST,
+        detail=lambda e: e.detail,
+        more=lambda e: {
+            "errors": [{"pointer": e.pointer, "code": "invalid_request", "detail": e.detail}]
+        },
+    ),
     Answer(
         error=KeyNotFoundError,
         code=ErrorCode.NOT_FOUND,

@@ -163,7 +163,7 @@ def _etag(head: ToolHead) -> dict[str, str]:
     return {"ETag": f'"{head.revision}"'}
 
 
-def _revision(if_match: str | None) -> int | None:
+def revision_of(if_match: str | None) -> int | None:
     if if_match is None or if_match.strip() == "*":
         return None
     value = if_match.strip().removeprefix("W/").strip('"')
@@ -320,7 +320,7 @@ async def update_tool(
         )
     await _admin_of_existing(deps, who, name)
     head = await deps.registry.update(
-        spec, principal=who.name, tenant=who.tenant, if_revision=_revision(if_match)
+        spec, principal=who.name, tenant=who.tenant, if_revision=revision_of(if_match)
     )
     return JSONResponse(_out(head), headers=_etag(head))
 
@@ -336,7 +336,7 @@ async def _switch(
 ) -> Response:
     await _admin_of_existing(deps, who, name)
     head = await deps.registry.set_enabled(
-        name, enabled, principal=who.name, tenant=who.tenant, if_revision=_revision(if_match)
+        name, enabled, principal=who.name, tenant=who.tenant, if_revision=revision_of(if_match)
     )
     return JSONResponse(_out(head), headers=_etag(head))
 
@@ -370,7 +370,7 @@ async def enable_tool(name: str, deps: Deps, who: Caller, if_match: IfMatch = No
 async def delete_tool(name: str, deps: Deps, who: Caller, if_match: IfMatch = None) -> Response:
     await _admin_of_existing(deps, who, name)
     await deps.registry.delete(
-        name, principal=who.name, tenant=who.tenant, if_revision=_revision(if_match)
+        name, principal=who.name, tenant=who.tenant, if_revision=revision_of(if_match)
     )
     return Response(status_code=204)
 

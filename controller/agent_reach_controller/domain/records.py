@@ -102,6 +102,7 @@ class TaskRow:
     output_tokens: int = 0
     webhook_url: str | None = None  # where the task's end is announced
     environment: Environment = DEFAULT_ENVIRONMENT  # where it runs (NULL in older rows: dev)
+    run_id: str | None = None  # the agent run this task is a round of
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:
@@ -197,3 +198,64 @@ class Breaker:
     calls: int
     failures: int
     opened_at: datetime | None = None
+
+
+class RunStatus(StrEnum):
+    """Where an agent run is: running a round, waiting for a person, or ended."""
+
+    RUNNING = "running"
+    WAITING = "waiting"  # for an approval or a resolution inside its current round
+    SUCCEEDED = "succeeded"  # the model answered
+    FAILED = "failed"  # a limit, a loop, or a failed model call ended it (`end_reason`)
+    CANCELLED = "cancelled"
+
+
+ENDED_RUN_STATES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    run_id: str
+    tenant: str
+    principal: str
+    key_id: str | None
+    trace_id: str
+    agent: str
+    agent_version: str
+    subject: str | None
+    context: dict[str, Any]
+    status: RunStatus
+    end_reason: str | None
+    round: int
+    task_id: str | None
+    limits: dict[str, Any]
+    tools: list[str]
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost: float
+    answer: str | None
+    ungrounded_claims: list[str] | None
+    error: dict[str, Any] | None
+    calls: dict[str, int]
+    turn_start: int
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    deadline: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> RunRow:
+        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        return cls(**fields | {"status": RunStatus(row["status"])})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMessage:
+    """One entry of a run's conversation, in its endpoint's own shape."""
+
+    seq: int
+    round: int
+    role: str  # user, assistant or tool
+    message: dict[str, Any]

@@ -47,6 +47,7 @@ from agent_reach_controller.planning.references import (
     unescape,
 )
 from agent_reach_controller.planning.schema import schema_problems, validate_resolved_args
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolCatalog, ToolSpec
 
 __all__ = [
@@ -159,6 +160,10 @@ def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -
         return None
     if not spec.enabled:
         out.add(draft.pointers["tool"], P.TOOL_DISABLED, f"tool {spec.name!r} is disabled")
+        return None
+    if spec.connector == MODEL_CONNECTOR:
+        detail = f"{spec.name!r} is an agent's model: it is called by runs (POST /v1/runs) only"
+        out.add(draft.pointers["tool"], P.UNKNOWN_TOOL, detail)
         return None
     return spec
 

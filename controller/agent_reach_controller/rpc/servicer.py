@@ -31,6 +31,7 @@ from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.leasing import LeasingService
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.reporting import ReportingService
+from agent_reach_controller.services.runs import RunService
 from agent_reach_controller.services.sessions import (
     Announcement,
     Session,
@@ -141,6 +142,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         self._leasing: LeasingService = parts.leasing
         self._reporting: ReportingService = parts.reporting
         self._registry: ToolRegistry = parts.registry
+        self._runs: RunService = parts.runs
         self._pools: PoolTokenService = parts.pools
         self._sessions: SessionService = parts.sessions
         self._auth = auth
@@ -266,6 +268,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
             poll_seq=max(0, request.poll_seq),
         )
         await self._registry.ensure((s.tool, s.tool_version) for s in claimed)
+        claimed = await self._runs.with_requests(claimed)  # a model step's conversation
         trace_dispatch(claimed, executor_id=request.executor_id)
         expires = datetime.now(UTC) + self._sessions.liveness
         return pb.PollStepsResponse(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 from agent_reach.ids import new_task_id, new_trace_id, step_idempotency_key
 from agent_reach.states import StepStatus, TaskStatus, Transition
 from agent_reach_controller.decide.outcomes import terminal_values
-from agent_reach_controller.domain.records import StepChange
+from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.planning.plan import Plan, RefusedCall
 from agent_reach_controller.services.groups import GroupCommit, GroupFailed
 from agent_reach_controller.services.handoff import HandOff, HandOffRefused
@@ -61,6 +61,7 @@ class SubmitInput:
     # hash unless given: a trigger's run matches on the event, whatever its template became).
     key_scope: str | None = None
     fingerprint: str | None = None
+    run_id: str | None = None  # the agent run this task is a round of (services/runs.py)
 
     @property
     def scope(self) -> str:
@@ -187,6 +188,11 @@ class IntakeService:
             raise  # the COMMIT may have landed: every member hears of it
         return [m.submitted() for m in made]
 
+    async def add(self, tx: TaskWork, data: SubmitInput) -> str:
+        """Add one task to a unit of work another use case opened (an agent run's round);
+        returns its id."""
+        return (await self._add(tx, data, hand_off=False)).task_id
+
     async def _add(self, tx: TaskWork, data: SubmitInput, *, hand_off: bool) -> _Made:
         """One task's rows, events and audit entry, added to the unit of work `tx` (its ready
         steps leased to waiting pollers, if `hand_off` and there are any)."""
@@ -240,10 +246,11 @@ class IntakeService:
         )
         new = writes_to.NewTask(
             _task_row(data, task_id=task_id, trace_id=trace_id, now=now),
-            _step_rows(data, task_id, trace_id, now, self._work.registry),
+            step_rows(data, task_id, trace_id, now, self._work.registry),
         )
         if data.plan.refused:
-            await new.change_steps(_refusals(new, data.plan, self._work.registry, now), now=now)
+            inserted = (new.step_row(key) for key, _ in new.rows())
+            await new.change_steps(refusals(inserted, data.plan, self._work.registry, now), now=now)
         advanced = await tx.create(
             new, hand_off=self._hand_off.offer if hand_off and self._hand_off else None
         )
@@ -286,20 +293,19 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "max_attempts": data.plan.max_attempts,
         "caps": data.plan.caps,
         "environment": data.environment,
-    }
+    } | ({"run_id": data.run_id} if data.run_id is not None else {})
 
 
-def _refusals(
-    new: writes_to.NewTask, plan: Plan, registry: ToolRegistry, now: datetime
+def refusals(
+    inserted: Iterable[StepRow], plan: Plan, registry: ToolRegistry, now: datetime
 ) -> list[StepChange]:
     """Each refused call's step (blocked, as inserted) failed, its receipt saying why."""
     refused = {r.step_id: r for r in plan.refused}
     changes = []
-    for key, row in new.rows():
-        call = refused.get(row["step_id"])
+    for step in inserted:
+        call = refused.get(step.step_id)
         if call is None:
             continue
-        step = new.step_row(key)
         error = {"code": call.code.value, "message": call.reason(), "retryable": False}
         values = terminal_values(
             step,
@@ -322,9 +328,10 @@ def _refusals(
     return changes
 
 
-def _step_rows(
+def step_rows(
     data: SubmitInput, task_id: str, trace_id: str, now: datetime, registry: ToolRegistry
 ) -> list[dict[str, Any]]:
+    """The rows of a plan's steps (refused calls first, each about to fail), all blocked."""
     rows = [_refused_row(call, data, task_id, trace_id, now) for call in data.plan.refused]
     for step in data.plan.steps:
         tool = registry.get(step.tool, step.tool_version)
@@ -367,7 +374,7 @@ def _step_rows(
 def _refused_row(
     call: RefusedCall, data: SubmitInput, task_id: str, trace_id: str, now: datetime
 ) -> dict[str, Any]:
-    """A refused call's step as inserted: blocked, about to fail (see `_refusals`)."""
+    """A refused call's step as inserted: blocked, about to fail (see `refusals`)."""
     return {
         "task_id": task_id,
         "step_id": call.step_id,

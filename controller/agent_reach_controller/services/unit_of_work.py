@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus, derive_task_status
 from agent_reach.states import target as target_of
@@ -40,6 +40,7 @@ from agent_reach_controller.storage import steps as store
 from agent_reach_controller.storage import tasks as task_store
 from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.wakeups import Notifier
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import ToolSpec
 
 
@@ -54,6 +55,14 @@ class Advanced:
 
 # Leases what waiting pollers can take of a new task's ready steps (services/handoff.py).
 Offer = Callable[[Connection, writes_to.NewTask, datetime], Awaitable[None]]
+
+
+class RunHooks(Protocol):
+    """What an agent run does inside the transaction that moves its round (services/runs.py)."""
+
+    async def model_answered(self, tx: TaskWork, step: StepRow, output: Any) -> None: ...
+
+    async def round_ended(self, tx: TaskWork, task: TaskRow, status: TaskStatus) -> None: ...
 
 
 class TaskWork:
@@ -125,6 +134,12 @@ class TaskWork:
         # again, if anything changes the steps before).
         moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=self._locked)
         self._moved = self._moved or bool(moved)
+        runs = self._work.runs
+        if runs is not None and moved:
+            for c in changes:
+                answered = c.step.connector == MODEL_CONNECTOR and c.step.id in moved
+                if answered and target_of(c.transition) == StepStatus.SUCCEEDED:
+                    await runs.model_answered(self, c.step, c.values.get("output"))
         return moved
 
     async def request_cancel(self, task: TaskRow) -> None:
@@ -161,6 +176,12 @@ class TaskWork:
             self.conn, self._locked, now=self.now, tasks=self.tasks, at_commit=last
         )
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
+        runs = self._work.runs
+        if runs is not None:
+            for task_id in sorted(advanced.finished_tasks):
+                task = self.tasks.get(task_id)
+                if task is not None and task.run_id is not None:
+                    await runs.round_ended(self, task, advanced.task_status[task_id])
         return advanced
 
     async def create(self, new: writes_to.NewTask, *, hand_off: Offer | None = None) -> Advanced:
@@ -214,6 +235,8 @@ class UnitOfWork:
         # Where approval requests are announced (an outbox row per request), if anywhere.
         self._announcer = announcer
         self._rng = random.Random()
+        # What agent runs do when a round moves (set once the run service exists).
+        self.runs: RunHooks | None = None
 
     @contextlib.asynccontextmanager
     async def begin(self, now: datetime | None = None) -> AsyncIterator[TaskWork]:

@@ -123,6 +123,8 @@ tasks = sa.Table(
     # Where it runs, fixed at submit: dev, sandbox or prod (0025; NULL, from an older release:
     # dev).
     sa.Column("environment", sa.String(16)),
+    # The agent run this task is a round of (0027); NULL for a caller's own task.
+    sa.Column("run_id", sa.String(36)),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The task list's filters, each a keyset walk newest first (0026).
@@ -527,4 +529,59 @@ console_sessions = sa.Table(
     _now_column("expires_at"),
     sa.Index("ix_console_sessions_expires_at", "expires_at"),
     sa.Index("ix_console_sessions_key_id", "key_id"),
+)
+
+
+# Agent runs (0027): a run is a sequence of rounds, each a task (tasks.run_id); its conversation
+# is stored once, message by message, never copied into each round's step arguments.
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("principal", sa.String(128), nullable=False),
+    sa.Column("key_id", sa.String(12)),
+    sa.Column("trace_id", sa.String(32), nullable=False),
+    # The profile (a `model` tool) and the version the run pinned when it started.
+    sa.Column("agent", sa.String(128), nullable=False),
+    sa.Column("agent_version", sa.String(12), nullable=False),
+    # The end user the run acts for (set by the caller, never by the model), and its context.
+    sa.Column("subject", sa.String(256)),
+    sa.Column("context", Json, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("end_reason", sa.String(32)),
+    sa.Column("round", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("task_id", sa.String(36)),  # the current (or last) round's task
+    sa.Column("limits", Json, nullable=False),
+    sa.Column("tools", Json, nullable=False),  # the tools the model may call, fixed at start
+    sa.Column("input_tokens", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("output_tokens", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("cached_tokens", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("cost", sa.Float(), nullable=False, server_default="0"),
+    sa.Column("answer", sa.Text()),
+    sa.Column("ungrounded_claims", Json),
+    sa.Column("error", Json),
+    # How often each (tool, arguments) was called in this run, by fingerprint: loop detection.
+    sa.Column("calls", Json, nullable=False),
+    # The round the caller's latest message started: max_rounds counts from it.
+    sa.Column("turn_start", sa.Integer(), nullable=False, server_default="1"),
+    sa.Column("version", sa.Integer(), nullable=False, server_default="1"),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    sa.Column("finished_at", UtcDateTime()),
+    sa.Column("deadline", UtcDateTime()),
+    sa.Index("ix_runs_tenant_run_id", "tenant", "run_id"),
+)
+
+run_messages = sa.Table(
+    "run_messages",
+    metadata,
+    sa.Column("run_id", sa.String(36), nullable=False),
+    sa.Column("seq", sa.Integer(), nullable=False),
+    sa.Column("round", sa.Integer(), nullable=False),
+    # user, assistant or tool: who said it; `message` is in the endpoint's own shape.
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("message", Json, nullable=False),
+    _now_column("created_at"),
+    sa.PrimaryKeyConstraint("run_id", "seq", name="pk_run_messages"),
 )

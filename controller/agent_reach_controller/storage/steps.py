@@ -49,6 +49,17 @@ async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[Ste
     return [StepRow.from_mapping(r) for r in rows.mappings()]
 
 
+async def add_steps(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> list[StepRow]:
+    """Insert steps into a task that exists (an agent run's round growing its tool calls), now:
+    the advance that follows in the same transaction reads them."""
+    conn.info.pop(_READ_AHEAD, None)  # what an advance read ahead lacks these
+    added = []
+    for row in rows:  # one by one: SQLite's executemany returns no rows
+        inserted = await conn.execute(sa.insert(steps).values(**row).returning(*steps.c))
+        added.append(StepRow.from_mapping(inserted.mappings().one()))
+    return added
+
+
 @functools.lru_cache(maxsize=64)
 def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
     """Guarded transitions of many steps from a JSON array of rows: one text per set of columns

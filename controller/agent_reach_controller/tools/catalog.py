@@ -603,21 +603,28 @@ def _validate_entries(
     return specs, errors
 
 
-def _entries_of(source: str, document: Any) -> tuple[str, list[Any]] | str:
+def _entries_of(source: str, document: Any) -> list[tuple[str, list[Any]]] | str:
+    """The file's (key, entries): `tools`, and `agents` (profiles, stored as `model` tools)."""
     if isinstance(document, list):
-        return "tools", document
+        return [("tools", document)]
     if isinstance(document, dict):
-        unknown = sorted(str(k) for k in document if k != "tools")
+        unknown = sorted(str(k) for k in document if k not in ("tools", "agents"))
         if unknown:
             return f"{source}: unknown top-level keys: {', '.join(unknown)}"
-        tools = document.get("tools")
-        if isinstance(tools, list):
-            return "tools", tools
-        return f"{source}: 'tools' must be a list of tool definitions"
+        found = []
+        for key in ("tools", "agents"):
+            # A file may hold only agents; one without either key is a mistake worth naming.
+            entries = document.get(key, [] if "agents" in document or key == "agents" else None)
+            if not isinstance(entries, list):
+                return f"{source}: {key!r} must be a list of {key[:-1]} definitions"
+            found.append((key, entries))
+        return found
     return f"{source}: expected a mapping with 'tools' or a list of tools"
 
 
 def _load_file(path: Path) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
+    from agent_reach_controller.tools.agents import agent_specs  # agents build on this module
+
     source = str(path)
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -626,8 +633,14 @@ def _load_file(path: Path) -> tuple[list[tuple[ToolSpec, str]], list[str]]:
     found = _entries_of(source, document)
     if isinstance(found, str):
         return [], [found]
-    key, entries = found
-    return _validate_entries(source, key, entries)
+    specs: list[tuple[ToolSpec, str]] = []
+    errors: list[str] = []
+    for key, entries in found:
+        read = agent_specs if key == "agents" else _validate_entries
+        more, wrong = read(source, key, entries)
+        specs += more
+        errors += wrong
+    return specs, errors
 
 
 def _verify_errors(tools: Mapping[str, ToolSpec]) -> list[str]:

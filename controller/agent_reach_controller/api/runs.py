@@ -1,0 +1,277 @@
+"""Agent runs over HTTP: start one, read it, continue it, cancel it.
+
+Starting a run on an agent needs `submit` on the agent's name; the tools its model may call are
+the profile's, cut to those the caller may submit itself (a tool the profile names outright that
+the caller may not use is refused, 403). Runs are the tenant's, as tasks are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_reach_controller.api.auth import Caller, ForbiddenError, require
+from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
+from agent_reach_controller.api.schemas import Instant
+from agent_reach_controller.api.tasks import Deps
+from agent_reach_controller.domain.records import ENDED_RUN_STATES, RunMessage, RunRow
+from agent_reach_controller.identity.policy import Action, Principal
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.runs import RunInputError, StartRun
+from agent_reach_controller.tools.agents import AgentProfile, is_agent
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=V1_PROBLEMS)
+
+# The most messages a caller's input may hold, and the most characters of text in one.
+MAX_INPUT_MESSAGES = 200
+MAX_INPUT_CHARS = 200_000
+Message = Annotated[dict[str, Any], Field(description="A message in the agent's endpoint's shape")]
+Input = Annotated[
+    str | list[Message],
+    Field(
+        description="Text (a user message), or messages in the shape of the agent's endpoint",
+        max_length=MAX_INPUT_CHARS,
+    ),
+]
+
+
+class LimitsIn(BaseModel):
+    """A caller's limits for this run: each may only lower the profile's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rounds: int | None = Field(default=None, ge=1, le=100)
+    input_tokens: int | None = Field(default=None, ge=1)
+    output_tokens: int | None = Field(default=None, ge=1)
+    cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    deadline: float | None = Field(default=None, gt=0, le=86_400, description="Seconds")
+
+
+class RunIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(min_length=1, max_length=128)
+    input: Input
+    subject: str | None = Field(
+        None, min_length=1, max_length=256, description="The end user the run acts for"
+    )
+    context: dict[str, Any] = Field(default_factory=dict)
+    limits: LimitsIn = LimitsIn()
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: Input
+
+
+class TokensOut(BaseModel):
+    input: int
+    output: int
+    cached: int
+
+
+class RunOut(BaseModel):
+    run_id: str
+    trace_id: str
+    agent: str
+    agent_version: str
+    status: str = Field(description="running, succeeded, failed or cancelled")
+    end_reason: str | None = Field(
+        None,
+        description="answered, max_rounds, budget_exhausted, loop_detected, deadline_exceeded, "
+        "model_failed, invalid_reply, cancelled",
+    )
+    round: int
+    task_id: str | None = Field(None, description="The current (or last) round's task")
+    subject: str | None
+    tokens: TokensOut
+    cost: float
+    answer: str | None
+    error: dict[str, Any] | None
+    limits: dict[str, Any]
+    tools: list[str] = Field(description="What the model may call in this run")
+    created_at: Instant
+    finished_at: Instant | None
+    messages: list[dict[str, Any]] | None = Field(
+        None, description="The conversation, entry by entry (on GET of one run)"
+    )
+
+
+class RunList(BaseModel):
+    runs: list[RunOut]
+
+
+def _out(run: RunRow, messages: list[RunMessage] | None = None) -> dict[str, Any]:
+    return RunOut(
+        run_id=run.run_id,
+        trace_id=run.trace_id,
+        agent=run.agent,
+        agent_version=run.agent_version,
+        status=run.status,
+        end_reason=run.end_reason,
+        round=run.round,
+        task_id=run.task_id,
+        subject=run.subject,
+        tokens=TokensOut(
+            input=run.input_tokens, output=run.output_tokens, cached=run.cached_tokens
+        ),
+        cost=run.cost,
+        answer=run.answer,
+        error=run.error,
+        limits=run.limits,
+        tools=run.tools,
+        created_at=run.created_at,
+        finished_at=run.finished_at,
+        messages=None
+        if messages is None
+        else [
+            {"seq": m.seq, "round": m.round, "role": m.role, "message": m.message} for m in messages
+        ],
+    ).model_dump(mode="json")
+
+
+def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]:
+    """The tools the run's model may call: the profile's, those the caller may submit."""
+    named = [p for p in profile.tools if not any(c in p for c in "*?[")]
+    for name in named:
+        if not deps.policy.allows(who.roles, Action.SUBMIT, name):
+            raise ForbiddenError(who, Action.SUBMIT, name)
+    return sorted(
+        spec.name
+        for spec in deps.catalog.values()
+        if spec.enabled
+        and not is_agent(spec)
+        and any(fnmatch.fnmatchcase(spec.name, p) for p in profile.tools)
+        and deps.policy.allows(who.roles, Action.SUBMIT, spec.name)
+    )
+
+
+def _messages(deps: Components, agent: str, given: str | list[dict[str, Any]]) -> list[Any]:
+    spec, _ = deps.runs.profile(agent)
+    if isinstance(given, str):
+        return [deps.runs.endpoint(spec).user(given)]
+    if not given or len(given) > MAX_INPUT_MESSAGES:
+        raise RunInputError("/input", f"give 1 to {MAX_INPUT_MESSAGES} messages")
+    return given
+
+
+async def _waited(deps: Components, run: RunRow, wait: float) -> RunRow:
+    """The run once it ended, or as it is when `wait` seconds have passed."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + min(wait, deps.settings.max_wait_seconds)
+    while run.status not in ENDED_RUN_STATES and run.task_id is not None:
+        left = until - loop.time()
+        if left <= 0:
+            break
+        await deps.queries.wait(run.task_id, within=left)
+        run, _ = await deps.runs.read(run.run_id, run.tenant)
+    return run
+
+
+WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait for the run to end")]
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=RunOut,
+    responses=problem_responses(403, 404, 413, 422),
+    summary="Start an agent run (202; 200 when it ended within ?wait)",
+)
+async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
+    require(deps, who, Action.SUBMIT, body.agent)
+    await deps.registry.refresh()
+    _, profile = deps.runs.profile(body.agent)
+    try:
+        limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
+    except (ValueError, ValidationError) as exc:
+        raise RunInputError("/limits", _said(exc)) from exc
+    run = await deps.runs.start(
+        StartRun(
+            agent=body.agent,
+            input=_messages(deps, body.agent, body.input),
+            principal=who.name,
+            tenant=who.tenant,
+            key_id=who.key_id,
+            subject=body.subject,
+            context=body.context,
+            limits=limits.model_dump(),
+            tools=_tools(deps, who, profile),
+        )
+    )
+    if wait > 0:
+        run = await _waited(deps, run, wait)
+    status = 200 if run.status in ENDED_RUN_STATES else 202
+    return JSONResponse(
+        _out(run), status_code=status, headers={"Location": f"/v1/runs/{run.run_id}"}
+    )
+
+
+def _said(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(str(e["msg"]) for e in exc.errors(include_url=False)[:3])
+    return str(exc)
+
+
+@router.get("", response_model=RunList, summary="The tenant's runs, newest first")
+async def list_runs(
+    deps: Deps,
+    who: Caller,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[str | None, Query(max_length=36)] = None,
+) -> Response:
+    runs = await deps.runs.listed(who.tenant, limit=limit, before=before)
+    return JSONResponse({"runs": [_out(r) for r in runs]})
+
+
+@router.get(
+    "/{run_id}",
+    response_model=RunOut,
+    responses=problem_responses(404),
+    summary="A run: where it is, its conversation, tokens, cost and answer",
+)
+async def get_run(run_id: str, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
+    run, messages = await deps.runs.read(run_id, who.tenant)
+    if wait > 0:
+        run = await _waited(deps, run, wait)
+        run, messages = await deps.runs.read(run_id, who.tenant)
+    return JSONResponse(_out(run, messages))
+
+
+@router.post(
+    "/{run_id}/messages",
+    status_code=202,
+    response_model=RunOut,
+    responses=problem_responses(404, 409, 422),
+    summary="Continue a run that ended: the caller's next message starts a new turn",
+)
+async def continue_run(
+    run_id: str, body: MessageIn, deps: Deps, who: Caller, wait: WaitQuery = 0
+) -> Response:
+    run, _ = await deps.runs.read(run_id, who.tenant)
+    require(deps, who, Action.SUBMIT, run.agent)
+    await deps.registry.refresh()
+    run = await deps.runs.continue_run(
+        run_id, who.tenant, _messages(deps, run.agent, body.input), actor=who.name
+    )
+    if wait > 0:
+        run = await _waited(deps, run, wait)
+    return JSONResponse(_out(run), status_code=200 if run.status in ENDED_RUN_STATES else 202)
+
+
+@router.post(
+    "/{run_id}/cancel",
+    response_model=RunOut,
+    responses=problem_responses(404),
+    summary="Cancel a run (what its round runs now ends as cancelled)",
+)
+async def cancel_run(run_id: str, deps: Deps, who: Caller) -> Response:
+    run, _ = await deps.runs.read(run_id, who.tenant)
+    require(deps, who, Action.SUBMIT, run.agent)
+    return JSONResponse(_out(await deps.runs.cancel(run_id, who.tenant, actor=who.name)))

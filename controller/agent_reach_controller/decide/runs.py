@@ -1,0 +1,139 @@
+"""The rules of an agent run: what a model's reply costs, whether the run may go on, and why not.
+
+Pure functions over a run's row, its profile's limits and the round that just ended; the run
+service (services/runs.py) applies what they decide in the transaction that ended the round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent_reach_controller.domain.records import RunRow
+from agent_reach_controller.tools.agents import Limits, Prices
+
+# The same tool with the same arguments this many times in one run ends it (`loop_detected`).
+LOOP_REPEATS = 3
+# Characters per token, for what a request costs when a reply's own `usage` says less: a
+# documented estimate (English text and JSON run ~3.5-4.5), so a lying `usage` cannot stretch a
+# budget far.
+CHARS_PER_TOKEN = 4
+
+
+class EndReason:
+    """Why a run ended, as the caller reads it (`end_reason`)."""
+
+    ANSWERED = "answered"
+    MAX_ROUNDS = "max_rounds"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    LOOP_DETECTED = "loop_detected"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MODEL_FAILED = "model_failed"
+    INVALID_REPLY = "invalid_reply"
+    CANCELLED = "cancelled"
+    ROUND_FAILED = "round_failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """What one model call counted for: tokens in, out, cached, and its cost."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost: float
+
+    def added_to(self, run: RunRow) -> dict[str, Any]:
+        return {
+            "input_tokens": run.input_tokens + self.input_tokens,
+            "output_tokens": run.output_tokens + self.output_tokens,
+            "cached_tokens": run.cached_tokens + self.cached_tokens,
+            "cost": run.cost + self.cost,
+        }
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_of(output: Any, *, sent_chars: int, prices: Prices) -> Usage:
+    """A model step's usage: the reply's own figures, but never fewer input tokens than what was
+    sent would take, nor fewer output tokens than the reply's text would."""
+    reported = output.get("usage") if isinstance(output, dict) else None
+    reported = reported if isinstance(reported, dict) else {}
+    reply_chars = len(json.dumps(output.get("reply"))) if isinstance(output, dict) else 0
+    input_tokens = max(_count(reported.get("input_tokens")), sent_chars // CHARS_PER_TOKEN)
+    output_tokens = max(_count(reported.get("output_tokens")), reply_chars // (4 * CHARS_PER_TOKEN))
+    cached = min(_count(reported.get("cached_tokens")), input_tokens)
+    cost = prices.cost(input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached)
+    return Usage(
+        input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached, cost=cost
+    )
+
+
+def over_budget(totals: Mapping[str, Any], limits: Limits) -> str | None:
+    """Which budget the totals have spent, if any (a sentence)."""
+    if limits.input_tokens is not None and totals["input_tokens"] >= limits.input_tokens:
+        return f"{totals['input_tokens']:,} input tokens of {limits.input_tokens:,}"
+    if limits.output_tokens is not None and totals["output_tokens"] >= limits.output_tokens:
+        return f"{totals['output_tokens']:,} output tokens of {limits.output_tokens:,}"
+    if limits.cost is not None and totals["cost"] >= limits.cost:
+        return f"cost {totals['cost']:.6g} of {limits.cost:.6g}"
+    return None
+
+
+def max_tokens(run: RunRow, limits: Limits) -> int:
+    """The next reply's `max_tokens`: the profile's, cut to what the output budget has left."""
+    if limits.output_tokens is None:
+        return limits.max_output_tokens
+    return max(1, min(limits.max_output_tokens, limits.output_tokens - run.output_tokens))
+
+
+def fingerprint(tool: str, args: Any) -> str:
+    canonical = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def counted_calls(
+    seen: Mapping[str, int], calls: Iterable[tuple[str, Any]]
+) -> tuple[dict[str, int], str | None]:
+    """The run's call counts with this round's calls added, and the tool called with the same
+    arguments `LOOP_REPEATS` times, if one was."""
+    counts = dict(seen)
+    looping = None
+    for tool, args in calls:
+        key = fingerprint(tool, args)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] >= LOOP_REPEATS and looping is None:
+            looping = tool
+    return counts, looping
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """After a round: go on with another, or end the run (`reason`, a sentence `detail`)."""
+
+    go_on: bool
+    reason: str | None = None
+    detail: str | None = None
+
+
+def after_round(run: RunRow, limits: Limits, *, now: datetime) -> Next:
+    """Whether a run whose round ended with tool results may ask the model again."""
+    rounds = run.round - run.turn_start + 1
+    if rounds >= limits.max_rounds:
+        detail = f"{rounds} rounds, the most this run may take"
+        return Next(False, EndReason.MAX_ROUNDS, detail)
+    if run.deadline is not None and now >= run.deadline:
+        return Next(False, EndReason.DEADLINE_EXCEEDED, "the run's deadline passed")
+    spent = over_budget(
+        {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens, "cost": run.cost},
+        limits,
+    )
+    if spent is not None:
+        return Next(False, EndReason.BUDGET_EXHAUSTED, f"spent {spent}")
+    return Next(True)

@@ -1,0 +1,477 @@
+"""Agent runs: the model's loop, on the server, as a sequence of rounds that are tasks.
+
+A round is a task whose first step calls the agent's model (a `model` tool: tools/agents.py).
+When that step succeeds, its reply is read in the transaction that records it: the tool calls it
+asks for become the round's next steps through the same planning a caller's turn takes (a tool
+the run may not use is refused as that call, and the model reads why); no call means the run has
+its answer. When the round's task ends, its receipts go back into the conversation and the next
+round's task is made, in the transaction that ended the round. No coroutine waits on a run: any
+replica continues any run, and a kill loses nothing a commit recorded.
+
+The conversation is stored once per run, entry by entry; a model step carries only its run and
+round, and the request is built from the stored conversation when the step is leased.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent_reach.ids import new_task_id, new_trace_id
+from agent_reach.states import StepStatus, TaskStatus
+from agent_reach_controller.decide import runs as rules
+from agent_reach_controller.decide.runs import EndReason
+from agent_reach_controller.domain.records import (
+    ENDED_RUN_STATES,
+    RunMessage,
+    RunRow,
+    RunStatus,
+    StepRow,
+    TaskRow,
+)
+from agent_reach_controller.planning import fanout
+from agent_reach_controller.planning.dialects.base import Answer
+from agent_reach_controller.planning.endpoints import ENDPOINTS, EndpointKind, ReplyError
+from agent_reach_controller.planning.plan import Plan, PlannedStep, parse_plan
+from agent_reach_controller.planning.problems import PlanInvalidError
+from agent_reach_controller.receipts import output_handle, render_receipt_dict
+from agent_reach_controller.services.intake import IntakeService, SubmitInput, refusals, step_rows
+from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.storage import runs as run_store
+from agent_reach_controller.storage import steps as store
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, Limits, profile_of
+from agent_reach_controller.tools.catalog import ToolSpec
+
+# The step of a round that calls the model (a tool call's id never takes it: see number_calls).
+MODEL_STEP = "model"
+
+
+class AgentNotFoundError(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no agent named {name!r}")
+        self.name = name
+
+
+class RunNotFoundError(LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} not found")
+        self.run_id = run_id
+
+
+class RunInputError(ValueError):
+    """A run's input that cannot be taken: where (a JSON pointer) and why."""
+
+    def __init__(self, pointer: str, detail: str) -> None:
+        super().__init__(f"{pointer}: {detail}")
+        self.pointer = pointer
+        self.detail = detail
+
+
+class RunStateError(Exception):
+    """What was asked does not fit where the run is (continue a running run, say)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartRun:
+    agent: str
+    input: list[dict[str, Any]]  # the caller's messages, in the agent's endpoint's shape
+    principal: str
+    tenant: str
+    key_id: str | None = None
+    subject: str | None = None
+    context: dict[str, Any]
+    limits: Mapping[str, Any]  # the caller's overrides (they only tighten)
+    tools: list[str]  # what the model may call: the profile's patterns cut to the caller's rights
+    trace_id: str | None = None
+
+
+class RunService:
+    """Starts, continues and cancels runs, and moves them on as their rounds end."""
+
+    def __init__(self, *, work: UnitOfWork, intake: IntakeService, receipt_budget: int) -> None:
+        self._work = work
+        self._intake = intake
+        self._budget = receipt_budget
+
+    # -- profiles ---------------------------------------------------------------------------------
+
+    def profile(self, name: str) -> tuple[ToolSpec, AgentProfile]:
+        """An agent's current catalogue entry and profile (AgentNotFoundError if none)."""
+        spec = self._work.registry.catalog.get(name)
+        if spec is None or spec.connector != MODEL_CONNECTOR:
+            raise AgentNotFoundError(name)
+        return spec, profile_of(spec)
+
+    def endpoint(self, spec: ToolSpec) -> EndpointKind:
+        return ENDPOINTS[str(spec.config["endpoint"])]
+
+    # -- what callers ask -------------------------------------------------------------------------
+
+    async def start(self, data: StartRun) -> RunRow:
+        spec, profile = self.profile(data.agent)
+        limits = profile.limits.overridden(dict(data.limits))
+        run_id = new_task_id()
+        async with self._work.begin() as tx:
+            now = tx.now
+            deadline = now + timedelta(seconds=limits.deadline) if limits.deadline else None
+            row: dict[str, Any] = {
+                "run_id": run_id,
+                "tenant": data.tenant,
+                "principal": data.principal,
+                "key_id": data.key_id,
+                "trace_id": data.trace_id or new_trace_id(),
+                "agent": spec.name,
+                "agent_version": spec.version,
+                "subject": data.subject,
+                "context": data.context,
+                "status": RunStatus.RUNNING,
+                "end_reason": None,
+                "round": 1,
+                "task_id": None,
+                "limits": limits.model_dump(mode="json"),
+                "tools": data.tools,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cached_tokens": 0,
+                "cost": 0.0,
+                "answer": None,
+                "ungrounded_claims": None,
+                "error": None,
+                "calls": {},
+                "turn_start": 1,
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+                "finished_at": None,
+                "deadline": deadline,
+            }
+            run = RunRow.from_mapping(row)
+            task_id = await self._round(tx, run, 1)
+            await run_store.insert_run(tx.conn, row | {"task_id": task_id})
+            await run_store.append_messages(
+                tx.conn, run_id, 1, [("user", m) for m in data.input], now=now
+            )
+            await tx.audit(
+                actor=data.principal,
+                tenant=data.tenant,
+                action="run.start",
+                target=f"run:{run_id}",
+                data={"agent": spec.name, "version": spec.version, "subject": data.subject},
+            )
+        return replace(run, task_id=task_id)
+
+    async def continue_run(
+        self, run_id: str, tenant: str, messages: list[dict[str, Any]], *, actor: str
+    ) -> RunRow:
+        """A caller's next message to a run that ended (or answered): a new turn, new rounds."""
+        async with self._work.begin() as tx:
+            run = await self._load(tx, run_id, tenant, lock=True)
+            if run.status not in ENDED_RUN_STATES:
+                raise RunStateError(f"run {run_id} is {run.status}: wait for it to end")
+            number = run.round + 1
+            await run_store.append_messages(
+                tx.conn, run_id, number, [("user", m) for m in messages], now=tx.now
+            )
+            task_id = await self._round(tx, run, number)
+            values: dict[str, Any] = {
+                "status": RunStatus.RUNNING,
+                "end_reason": None,
+                "error": None,
+                "answer": None,
+                "round": number,
+                "turn_start": number,
+                "task_id": task_id,
+                "finished_at": None,
+            }
+            await run_store.update_run(tx.conn, run, values, now=tx.now)
+            await tx.audit(
+                actor=actor, tenant=tenant, action="run.continue", target=f"run:{run_id}", data={}
+            )
+        return replace(run, **values)
+
+    async def cancel(self, run_id: str, tenant: str, *, actor: str) -> RunRow:
+        """Stop a run: its round's task is cancelled (what runs now ends as cancelled)."""
+        async with self._work.begin() as tx:
+            run = await self._load(tx, run_id, tenant)
+            task = await tx.lock_task(run.task_id) if run.task_id else None
+            run = await self._load(tx, run_id, tenant, lock=True)  # after the task: lock order
+            if run.status in ENDED_RUN_STATES:
+                return run
+            if task is not None and task.status not in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
+                await tx.request_cancel(task)
+            values = _ended(RunStatus.CANCELLED, EndReason.CANCELLED, tx.now)
+            await run_store.update_run(tx.conn, run, values, now=tx.now)
+            await tx.audit(
+                actor=actor, tenant=tenant, action="run.cancel", target=f"run:{run_id}", data={}
+            )
+        return replace(run, **values)
+
+    async def read(self, run_id: str, tenant: str) -> tuple[RunRow, list[RunMessage]]:
+        async with self._work.db.transaction() as conn:
+            run = await run_store.load_run(conn, run_id)
+            if run is None or run.tenant != tenant:
+                raise RunNotFoundError(run_id)
+            return run, (await run_store.load_messages(conn, [run_id]))[run_id]
+
+    async def listed(self, tenant: str, *, limit: int, before: str | None) -> list[RunRow]:
+        async with self._work.db.transaction() as conn:
+            return await run_store.list_runs(conn, tenant, limit=limit, before=before)
+
+    # -- the lease: a model step's request, from the stored conversation ---------------------------
+
+    async def with_requests(self, claimed: Sequence[StepRow]) -> list[StepRow]:
+        """Leased steps, each model step given the request its run's conversation makes now."""
+        wanted = {s.args.get("run") for s in claimed if s.connector == MODEL_CONNECTOR}
+        if not wanted:
+            return list(claimed)
+        ids = [w for w in wanted if isinstance(w, str)]
+        async with self._work.db.transaction() as conn:
+            found = await run_store.load_runs(conn, ids)
+            conversations = await run_store.load_messages(conn, ids)
+        return [
+            self._with_request(s, found, conversations) if s.connector == MODEL_CONNECTOR else s
+            for s in claimed
+        ]
+
+    def _with_request(
+        self, step: StepRow, found: dict[str, RunRow], conversations: dict[str, list[RunMessage]]
+    ) -> StepRow:
+        run = found.get(str(step.args.get("run")))
+        if run is None:
+            return step
+        spec = self._work.registry.get(step.tool, step.tool_version)
+        request = self._request(run, spec, conversations.get(run.run_id, []))
+        return replace(step, resolved_args={"request": request})
+
+    def _request(self, run: RunRow, spec: ToolSpec, conversation: list[RunMessage]) -> Any:
+        profile = profile_of(spec)
+        catalog = self._work.registry.catalog
+        tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
+        return self.endpoint(spec).request(
+            model=profile.model,
+            system=profile.system,
+            messages=[m.message for m in conversation],
+            tools=tools,
+            temperature=profile.temperature,
+            max_tokens=rules.max_tokens(run, Limits.model_validate(run.limits)),
+        )
+
+    # -- the unit of work's hooks: a model step answered, a round ended ---------------------------
+
+    async def model_answered(self, tx: TaskWork, step: StepRow, output: Any) -> None:
+        """A round's model call succeeded: its reply joins the conversation, and its tool calls
+        join the round (or the run has its answer, or a limit ends it)."""
+        run = await self._current(tx, step.task_id, step.args.get("run"))
+        if run is None:
+            return
+        spec = tx.tool(step)
+        profile, endpoint = profile_of(spec), self.endpoint(spec)
+        limits = Limits.model_validate(run.limits)
+        conversation = (await run_store.load_messages(tx.conn, [run.run_id]))[run.run_id]
+        sent = json.dumps(self._request(run, spec, conversation))
+        usage = rules.usage_of(output, sent_chars=len(sent), prices=profile.prices)
+        totals = usage.added_to(run)
+        try:
+            reply = endpoint.read(output.get("reply") if isinstance(output, dict) else None)
+        except ReplyError as exc:
+            await self._end(tx, run, totals, RunStatus.FAILED, EndReason.INVALID_REPLY, str(exc))
+            return
+        ids = endpoint.number_calls(reply, taken={MODEL_STEP}, prefix=f"call_{run.round}_")
+        entries = [("assistant", e) for e in reply.entries]
+        await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
+        if reply.calls is None:
+            await self._end(
+                tx, run, totals, RunStatus.SUCCEEDED, EndReason.ANSWERED, None, reply.text
+            )
+            return
+        ended = await self._expand(tx, step, run, endpoint, reply.calls, totals, limits)
+        if ended is not None:
+            reason, detail = ended
+            await self._unanswered(tx, run, endpoint, ids, f"not run: {detail}")
+            await self._end(tx, run, totals, RunStatus.FAILED, reason, detail)
+
+    async def _expand(  # noqa: PLR0913, PLR0917 - the round as read, all of it used
+        self,
+        tx: TaskWork,
+        step: StepRow,
+        run: RunRow,
+        endpoint: EndpointKind,
+        calls: dict[str, Any],
+        totals: dict[str, Any],
+        limits: Limits,
+    ) -> tuple[str, str] | None:
+        """The reply's calls as the round's steps; (reason, detail) when the run must end."""
+        spent = rules.over_budget(totals, limits)
+        if spent is not None:
+            return EndReason.BUDGET_EXHAUSTED, f"spent {spent}"
+        task = tx.tasks[step.task_id]
+        allowed = set(run.tools)
+        try:
+            plan = parse_plan(
+                calls,
+                self._work.registry.catalog,
+                dialect=endpoint.dialect,
+                permits=allowed.__contains__,
+                environment=task.environment,
+            )
+        except PlanInvalidError as exc:
+            said = "; ".join(f"{p.pointer or '/'}: {p.detail}" for p in exc.problems[:5])
+            return EndReason.INVALID_REPLY, f"the model's tool calls were refused: {said}"
+        counts, looping = rules.counted_calls(run.calls, [(s.tool, s.args) for s in plan.steps])
+        if looping is not None:
+            detail = f"tool {looping!r} was called {rules.LOOP_REPEATS} times with one input"
+            return EndReason.LOOP_DETECTED, detail
+        await self._add_calls(tx, task, plan)
+        await run_store.update_run(tx.conn, run, totals | {"calls": counts}, now=tx.now)
+        return None
+
+    async def _add_calls(self, tx: TaskWork, task: TaskRow, plan: Plan) -> None:
+        data = SubmitInput(
+            plan=plan,
+            request={},
+            principal=task.principal,
+            tenant=task.tenant,
+            key_id=None,
+            environment=task.environment,
+        )
+        registry = self._work.registry
+        rows = step_rows(data, task.task_id, task.trace_id, tx.now, registry)
+        model = await tx.steps_of(task.task_id)
+        key_id = next((s.key_id for s in model if s.step_id == MODEL_STEP), None)
+        for row in rows:
+            row["position"] += 1  # the model's call is the round's first step
+            row["key_id"] = key_id
+        added = await store.add_steps(tx.conn, rows)
+        refused = refusals(added, plan, registry, tx.now)
+        if refused:
+            await tx.change(refused)
+
+    async def round_ended(self, tx: TaskWork, task: TaskRow, status: TaskStatus) -> None:
+        """A round's task ended: its receipts go back to the model in a next round, unless the
+        run must end (the model's call failed, a limit, the deadline, a cancel)."""
+        run = await self._current(tx, task.task_id, task.run_id)
+        if run is None:
+            return
+        if status == TaskStatus.CANCELLED:
+            values = _ended(RunStatus.CANCELLED, EndReason.CANCELLED, tx.now)
+            await run_store.update_run(tx.conn, run, values, now=tx.now)
+            return
+        steps = await tx.steps_of(task.task_id)
+        model = next((s for s in steps if s.step_id == MODEL_STEP), None)
+        if model is None or model.status != StepStatus.SUCCEEDED:
+            error = model.error if model is not None else None
+            detail = (error or {}).get("message") or "the model's call failed"
+            await self._end(
+                tx, run, {}, RunStatus.FAILED, EndReason.MODEL_FAILED, detail, error=error
+            )
+            return
+        endpoint = self.endpoint(self._work.registry.get(model.tool, model.tool_version))
+        answers = self._answers(task, steps)
+        entries = [("tool", m) for m in endpoint.replies(answers)]
+        await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
+        decided = rules.after_round(run, Limits.model_validate(run.limits), now=tx.now)
+        if not decided.go_on:
+            assert decided.reason is not None
+            await self._end(tx, run, {}, RunStatus.FAILED, decided.reason, decided.detail)
+            return
+        number = run.round + 1
+        task_id = await self._round(tx, run, number)
+        await run_store.update_run(tx.conn, run, {"round": number, "task_id": task_id}, now=tx.now)
+
+    def _answers(self, task: TaskRow, steps: list[StepRow]) -> list[Answer]:
+        """Each call's receipt as the model reads it (a fan-out's children answer as one)."""
+        answers = []
+        for s in sorted(steps, key=lambda s: s.position):
+            if s.step_id == MODEL_STEP or fanout.parent_of(s.step_id) is not None:
+                continue
+            text = (
+                render_receipt_dict(
+                    s.receipt, budget=self._budget, handle=output_handle(task.task_id, s.step_id)
+                )
+                if s.receipt is not None
+                else f"no result: the call ended {s.status}"
+            )
+            answers.append(
+                Answer(call_id=s.step_id, text=text, is_error=s.status != StepStatus.SUCCEEDED)
+            )
+        return answers
+
+    async def _unanswered(
+        self, tx: TaskWork, run: RunRow, endpoint: EndpointKind, ids: list[str], why: str
+    ) -> None:
+        """Replies for calls that will not run, so the conversation stays well formed."""
+        answers = [Answer(call_id=i, text=why, is_error=True) for i in ids]
+        entries = [("tool", m) for m in endpoint.replies(answers)]
+        await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    async def _round(self, tx: TaskWork, run: RunRow, number: int) -> str:
+        """Add round `number`'s task: one step, the model's call."""
+        spec = self._work.registry.get(run.agent, run.agent_version)
+        left = (run.deadline - tx.now).total_seconds() if run.deadline is not None else None
+        model = PlannedStep(
+            step_id=MODEL_STEP,
+            tool=run.agent,
+            tool_version=run.agent_version,
+            args={"run": run.run_id, "round": number},
+            depends_on=(),
+            when=None,
+            position=0,
+        )
+        plan = Plan(
+            goal=f"round {number} of run {run.run_id}",
+            steps=(model,),
+            context=run.context,
+            source=self.endpoint(spec).dialect,
+            deadline_s=max(left, 1.0) if left is not None else None,
+        )
+        data = SubmitInput(
+            plan=plan,
+            request={"run": run.run_id, "round": number},
+            principal=run.principal,
+            tenant=run.tenant,
+            key_id=run.key_id,
+            trace_id=run.trace_id,
+            run_id=run.run_id,
+        )
+        return await self._intake.add(tx, data)
+
+    async def _load(self, tx: TaskWork, run_id: str, tenant: str, *, lock: bool = False) -> RunRow:
+        run = await run_store.load_run(tx.conn, run_id, lock=lock)
+        if run is None or run.tenant != tenant:
+            raise RunNotFoundError(run_id)
+        return run
+
+    async def _current(self, tx: TaskWork, task_id: str, run_id: Any) -> RunRow | None:
+        """The run whose current round is this task, locked (None if it has moved on)."""
+        if not isinstance(run_id, str):
+            return None
+        run = await run_store.load_run(tx.conn, run_id, lock=True)
+        if run is None or run.status in ENDED_RUN_STATES or run.task_id != task_id:
+            return None
+        return run
+
+    async def _end(  # noqa: PLR0913, PLR0917 - how a run ends, all of it recorded
+        self,
+        tx: TaskWork,
+        run: RunRow,
+        totals: Mapping[str, Any],
+        status: RunStatus,
+        reason: str,
+        detail: str | None,
+        answer: str | None = None,
+        *,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        values = dict(totals) | _ended(status, reason, tx.now) | {"answer": answer}
+        if status == RunStatus.FAILED:
+            values["error"] = error or {"code": reason, "message": detail}
+        await run_store.update_run(tx.conn, run, values, now=tx.now)
+
+
+def _ended(status: RunStatus, reason: str, now: datetime) -> dict[str, Any]:
+    return {"status": status, "end_reason": reason, "finished_at": now}

@@ -1,0 +1,362 @@
+"""Agent runs end to end: a real controller, a real executor running the `model` connector
+against the scripted model server, and the tools the model calls, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_reach_controller.runtime import Components
+from agent_reach_controller.server import running_controller
+from agent_reach_controller.settings import ControllerSettings
+from agent_reach_executor import ExecutorSettings, run_executor
+from tests.integration.stack import key_for, write_tools
+from tests.support.models import (
+    CHAT,
+    MESSAGES,
+    RESPONSES,
+    ScriptedModels,
+    Usage,
+    answer,
+    call_tools,
+)
+
+KEY_VARIABLE = "AGENT_REACH_TEST_MODEL_KEY"
+KEY = "sk-test-7f3a9c-never-shown"
+ECHO = {
+    "name": "echo.say",
+    "description": "Says what it is given.",
+    "connector": "echo",
+    "idempotent": True,
+    "input_schema": {"type": "object", "properties": {"text": {}}},
+}
+PAY = {
+    "name": "pay.send",
+    "description": "Moves money.",
+    "connector": "echo",
+    "risk": "dangerous",
+    "idempotent": True,
+    "input_schema": {"type": "object", "properties": {"cents": {"type": "integer"}}},
+}
+WIRE = {
+    "name": "wire.send",
+    "description": "Sends a wire; a timeout may have sent it.",
+    "connector": "script",
+    "risk": "write",
+    "config": {"outcomes": ["timeout"]},
+    "retry": {"maximum_attempts": 1},
+    "input_schema": {"type": "object"},
+}
+SECRET_TOOL = {
+    "name": "vault.read",
+    "description": "Reads the vault.",
+    "connector": "echo",
+    "input_schema": {"type": "object"},
+}
+
+
+def profile(models: ScriptedModels, kind: str = "openai_chat", **more: Any) -> dict[str, Any]:
+    return {
+        "description": "Answers with what the echo tool says.",
+        "endpoint": {
+            "kind": kind,
+            "base_url": models.root if kind == "anthropic" else models.url,
+            "api_key": f"${{env:{KEY_VARIABLE}}}",
+            "allow_hosts": ["127.0.0.1"],
+        },
+        "model": "scripted-1",
+        "system": "You are a careful assistant.",
+        "tools": ["echo.*"],
+        "retry": {"maximum_attempts": 2, "initial_interval": 0.05, "jitter": False},
+    } | more
+
+
+@contextlib.asynccontextmanager
+async def stack(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Components, httpx.AsyncClient]]:
+    """A controller, an executor hosting `echo` and `model`, and an admin's API client."""
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    settings = ControllerSettings(
+        database_url=database_url,
+        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, SECRET_TOOL])],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+    )
+    async with running_controller(settings) as (c, bound):
+        _, token = await c.pools.create(name="pool", created_by="test")
+        _, api_key = await c.keys.create(
+            name="admin", tenant="default", roles=["admin"], created_by="test"
+        )
+        stop = asyncio.Event()
+        worker = asyncio.create_task(
+            run_executor(
+                ExecutorSettings(
+                    controller=bound.grpc,
+                    token=token,
+                    connectors=["echo", "model", "script"],
+                    drain_grace=1,
+                ),
+                stop=stop,
+                handle_signals=False,
+            )
+        )
+        headers = {"Authorization": f"Bearer {api_key}"}
+        try:
+            async with httpx.AsyncClient(
+                base_url=f"http://{bound.http}", headers=headers, timeout=30
+            ) as api:
+                yield c, api
+        finally:
+            stop.set()
+            await worker
+
+
+async def put_agent(api: httpx.AsyncClient, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer_ = await api.put(f"/v1/agents/{name}", json=body)
+    assert answer_.status_code in (200, 201), answer_.text
+    return dict(answer_.json())
+
+
+async def run(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    started = await api.post("/v1/runs?wait=30", json=body)
+    assert started.status_code == 200, started.text
+    got = await api.get(f"/v1/runs/{started.json()['run_id']}")
+    assert got.status_code == 200, got.text
+    return dict(got.json())
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [("openai_chat", CHAT), ("openai_responses", RESPONSES), ("anthropic", MESSAGES)],
+)
+async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, path: str
+) -> None:
+    script = [
+        call_tools([("echo_say", {"text": "hi"}), ("echo_say", {"text": "there"})]),
+        answer("The echo said hi and there."),
+    ]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models, kind))
+            done = await run(api, {"agent": "helper", "input": "Say hi and there."})
+    assert done["status"] == "succeeded", done
+    assert done["end_reason"] == "answered"
+    assert done["answer"] == "The echo said hi and there."
+    assert done["round"] == 2
+    assert models.count(path) == 2  # each completed model call reached the server once
+    first, second = (body for _, body in models.requests)
+    assert first["model"] == "scripted-1"
+    # The second call carries the first reply and both tools' results.
+    assert len(str(second)) > len(str(first))
+    assert "hi" in str(second)
+    assert "there" in str(second)
+    roles = [m["role"] for m in done["messages"]]
+    assert roles[0] == "user"
+    assert roles[-1] == "assistant"
+    assert "tool" in roles
+    assert done["tokens"]["input"] > 0
+    assert done["tokens"]["output"] > 0
+    assert KEY not in str(done)
+
+
+async def test_a_tool_the_run_may_not_use_is_refused_as_that_call(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("vault_read", {})]), answer("I could not read the vault.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "Read the vault."})
+    assert done["status"] == "succeeded", done
+    assert done["tools"] == ["echo.say"]
+    [_, (_, second)] = models.requests
+    results = [m for m in second["messages"] if m["role"] == "tool"]
+    assert len(results) == 1
+    assert "vault_read" in results[0]["content"] or "vault.read" in results[0]["content"]
+
+
+async def test_max_rounds_ends_a_run_that_keeps_calling(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("echo_say", {"text": f"n{i}"})]) for i in range(3)]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(
+                api, {"agent": "helper", "input": "Go on.", "limits": {"max_rounds": 2}}
+            )
+    assert done["status"] == "failed", done
+    assert done["end_reason"] == "max_rounds"
+    assert models.count() == 2
+
+
+async def test_the_same_call_three_times_ends_the_run_as_a_loop(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("echo_say", {"text": "again"})]) for _ in range(4)]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "Loop."})
+    assert done["status"] == "failed", done
+    assert done["end_reason"] == "loop_detected"
+    assert models.count() == 3
+
+
+async def test_continue_after_the_end_sends_the_whole_conversation(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [answer("First answer."), answer("Second answer.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "One."})
+            more = await api.post(
+                f"/v1/runs/{done['run_id']}/messages?wait=30", json={"input": "Two."}
+            )
+            assert more.status_code == 200, more.text
+            again = (await api.get(f"/v1/runs/{done['run_id']}")).json()
+    assert again["answer"] == "Second answer."
+    [_, (_, second)] = models.requests
+    said = [m.get("content") for m in second["messages"]]
+    assert said[-3:] == ["One.", "First answer.", "Two."]
+
+
+async def test_bad_run_input_is_a_problem_document(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([]) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            unknown = await api.post("/v1/runs", json={"agent": "nobody", "input": "x"})
+            subject = await api.post(
+                "/v1/runs", json={"agent": "helper", "input": "x", "subject": 5}
+            )
+            looser = await api.post(
+                "/v1/runs",
+                json={"agent": "helper", "input": "x", "limits": {"max_rounds": 50}},
+            )
+            plain_key = await api.put(
+                "/v1/agents/leaky",
+                json=profile(models) | {"endpoint": profile(models)["endpoint"] | {"api_key": KEY}},
+            )
+            as_a_plan = await api.post(
+                "/v1/tasks", json={"steps": [{"step_id": "m", "tool": "helper", "args": {}}]}
+            )
+    assert unknown.status_code == 404, unknown.text
+    assert unknown.headers["content-type"] == "application/problem+json"
+    assert subject.status_code == 422, subject.text
+    assert looser.status_code == 422, looser.text
+    assert looser.json()["errors"][0]["pointer"] == "/limits"
+    assert plain_key.status_code == 422, plain_key.text
+    assert KEY not in plain_key.text
+    assert as_a_plan.status_code == 422, as_a_plan.text
+    assert "runs" in as_a_plan.text
+    assert models.count() == 0
+
+
+async def started(api: httpx.AsyncClient, body: dict[str, Any]) -> str:
+    answer_ = await api.post("/v1/runs", json=body)
+    assert answer_.status_code == 202, answer_.text
+    return str(answer_.json()["run_id"])
+
+
+async def step_of(c: Components, api: httpx.AsyncClient, run_id: str, status: str) -> Any:
+    """The step of the run's current round that reaches `status` (waited for, 30 s at most)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline:
+        task_id = (await api.get(f"/v1/runs/{run_id}")).json()["task_id"]
+        view = await c.queries.get(task_id)
+        found = next((s for s in view.steps if s.status.value == status), None)
+        if found is not None:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no step of run {run_id} reached {status} in 30 s")
+
+
+async def test_a_dangerous_call_pauses_the_run_for_approval_and_nothing_runs_twice(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("pay_send", {"cents": 500})]), answer("Paid.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "payer", profile(models, tools=["pay.*"]))
+            run_id = await started(api, {"agent": "payer", "input": "Pay 5 dollars."})
+            waiting = await step_of(c, api, run_id, "awaiting_approval")
+            assert (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "running"
+            approver = await key_for(c, roles=("approver",), name="carol")
+            decided = await api.post(
+                f"/v1/tasks/{waiting.task_id}/steps/{waiting.step_id}/approval",
+                json={"decision": "approve", "reason": "ok"},
+                headers=approver,
+            )
+            assert decided.status_code == 200, decided.text
+            done = (await api.get(f"/v1/runs/{run_id}?wait=30")).json()
+            paid = await c.queries.get(waiting.task_id)
+    assert done["status"] == "succeeded", done
+    assert models.count() == 2  # the model's first call was not made again after the pause
+    [pay] = [s for s in paid.steps if s.tool == "pay.send"]
+    assert (pay.status.value, pay.attempt) == ("succeeded", 1)
+
+
+async def test_an_unknown_outcome_waits_for_a_person_then_the_model_reads_the_verdict(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("wire_send", {"to": "acme"})]), answer("The wire did not go.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "wirer", profile(models, tools=["wire.*"]))
+            run_id = await started(api, {"agent": "wirer", "input": "Wire acme."})
+            unknown = await step_of(c, api, run_id, "outcome_unknown")
+            assert models.count() == 1
+            resolved = await api.post(
+                f"/v1/tasks/{unknown.task_id}/steps/{unknown.step_id}/resolve",
+                json={"action": "failed", "reason": "the bank has no such wire"},
+            )
+            assert resolved.status_code == 200, resolved.text
+            done = (await api.get(f"/v1/runs/{run_id}?wait=30")).json()
+    assert done["status"] == "succeeded", done
+    [_, (_, second)] = models.requests
+    [result] = [m for m in second["messages"] if m["role"] == "tool"]
+    assert "the bank has no such wire" in result["content"]
+
+
+async def test_a_lying_usage_cannot_stretch_a_token_budget(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lie = Usage(input=1, output=1)
+    script = [call_tools([("echo_say", {"text": "x"})], usage=lie), answer("done", usage=lie)]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(
+                api,
+                {"agent": "helper", "input": "word " * 1000, "limits": {"input_tokens": 400}},
+            )
+    assert done["status"] == "failed", done
+    assert done["end_reason"] == "budget_exhausted"
+    assert done["tokens"]["input"] >= 1000  # what was sent, not what the reply claimed
+    assert models.count() == 1
+    # The call the model asked for was not run, and the conversation says so.
+    [result] = [m for m in done["messages"] if m["role"] == "tool"]
+    assert "not run" in result["message"]["content"]
+
+
+async def test_max_tokens_is_cut_to_what_the_output_budget_has_left(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("ok")]) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            await run(api, {"agent": "helper", "input": "Hi.", "limits": {"output_tokens": 50}})
+    [(_, request)] = models.requests
+    assert request["max_tokens"] == 50
