@@ -72,7 +72,7 @@ async def revision(conn: AsyncConnection, *, lock: bool = False) -> int:
     if not lock and conn.dialect.name == "postgresql":
         return int((await hot.tuples(conn, CATALOG_REVISION, {}))[0][0])
     query = sa.select(catalog_state.c.revision).where(catalog_state.c.id == 1)
-    if lock and conn.dialect.name == "postgresql":
+    if lock:  # SQLite, one writer, compiles no FOR UPDATE
         query = query.with_for_update()
     return int((await conn.execute(query)).scalar_one())
 

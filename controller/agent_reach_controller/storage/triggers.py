@@ -59,7 +59,7 @@ _HEAD = sa.select(triggers, trigger_versions.c.template, trigger_versions.c.sha2
 async def load(conn: Connection, name: str, *, lock: bool = False) -> TriggerRow | None:
     """A trigger with its live template; `lock` holds the head until commit (one writer)."""
     query = _HEAD.where(triggers.c.name == name)
-    if lock and conn.dialect.name == "postgresql":
+    if lock:  # SQLite, one writer, compiles no FOR UPDATE
         query = query.with_for_update(of=triggers)
     row = (await conn.execute(query)).mappings().one_or_none()
     return TriggerRow.from_mapping(row) if row else None

@@ -74,9 +74,8 @@ async def due_requests(conn: Connection, *, now: datetime, limit: int) -> list[O
         .where(pending)
         .order_by(webhook_outbox.c.due_at)
         .limit(limit)
+        .with_for_update(skip_locked=True)  # SQLite, one writer, compiles no FOR UPDATE
     )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
     return [OutboxRow(**r) for r in (await conn.execute(query)).mappings()]
 
 
