@@ -9,7 +9,7 @@ the model as that dialect's replies. Adding an endpoint is one class here and on
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,6 +29,18 @@ class Reply:
     text: str  # what it said in words (its final answer when it calls nothing)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ask:
+    """What the next model call is made of, whatever the endpoint."""
+
+    model: str
+    system: str
+    messages: Sequence[dict[str, Any]]
+    tools: Sequence[ToolSpec]
+    temperature: float | None
+    max_tokens: int
+
+
 class ReplyError(ValueError):
     """A reply that is not what its endpoint answers (another vendor's shape, say)."""
 
@@ -43,16 +55,7 @@ class EndpointKind(ABC):
         return {"role": "user", "content": text}
 
     @abstractmethod
-    def request(
-        self,
-        *,
-        model: str,
-        system: str,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[ToolSpec],
-        temperature: float | None,
-        max_tokens: int,
-    ) -> dict[str, Any]:
+    def request(self, ask: Ask) -> dict[str, Any]:
         """The request body for the next model call."""
 
     @abstractmethod
@@ -82,6 +85,17 @@ class EndpointKind(ABC):
         return ids
 
 
+def _with_options(
+    body: dict[str, Any], ask: Ask, shape: Callable[[ToolSpec], dict[str, Any]]
+) -> dict[str, Any]:
+    """The tools (in the endpoint's shape) and the temperature, where there are any."""
+    if ask.tools:
+        body["tools"] = [shape(t) for t in ask.tools]
+    if ask.temperature is not None:
+        body["temperature"] = ask.temperature
+    return body
+
+
 def _object(reply: Any, field: str, kind: str) -> dict[str, Any]:
     if not isinstance(reply, dict) or not isinstance(reply.get(field), list):
         raise ReplyError(f"the reply is not {kind} (no {field!r} list)")
@@ -92,27 +106,14 @@ class Chat(EndpointKind):
     name = "openai_chat"
     dialect = "openai_chat"
 
-    def request(
-        self,
-        *,
-        model: str,
-        system: str,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[ToolSpec],
-        temperature: float | None,
-        max_tokens: int,
-    ) -> dict[str, Any]:
-        system_message = [{"role": "system", "content": system}] if system else []
+    def request(self, ask: Ask) -> dict[str, Any]:
+        system_message = [{"role": "system", "content": ask.system}] if ask.system else []
         body: dict[str, Any] = {
-            "model": model,
-            "messages": [*system_message, *messages],
-            "max_tokens": max_tokens,
+            "model": ask.model,
+            "messages": [*system_message, *ask.messages],
+            "max_tokens": ask.max_tokens,
         }
-        if tools:
-            body["tools"] = [shapes.chat(t) for t in tools]
-        if temperature is not None:
-            body["temperature"] = temperature
-        return body
+        return _with_options(body, ask, shapes.chat)
 
     def read(self, reply: Any) -> Reply:
         choices = _object(reply, "choices", "a Chat Completion")["choices"]
@@ -135,29 +136,16 @@ class Responses(EndpointKind):
     name = "openai_responses"
     dialect = "openai_responses"
 
-    def request(
-        self,
-        *,
-        model: str,
-        system: str,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[ToolSpec],
-        temperature: float | None,
-        max_tokens: int,
-    ) -> dict[str, Any]:
+    def request(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": model,
-            "input": list(messages),
-            "max_output_tokens": max_tokens,
+            "model": ask.model,
+            "input": list(ask.messages),
+            "max_output_tokens": ask.max_tokens,
             "store": False,
         }
-        if system:
-            body["instructions"] = system
-        if tools:
-            body["tools"] = [shapes.responses(t) for t in tools]
-        if temperature is not None:
-            body["temperature"] = temperature
-        return body
+        if ask.system:
+            body["instructions"] = ask.system
+        return _with_options(body, ask, shapes.responses)
 
     def read(self, reply: Any) -> Reply:
         output = _object(reply, "output", "an OpenAI Response")["output"]
@@ -184,28 +172,15 @@ class Anthropic(EndpointKind):
     name = "anthropic"
     dialect = "anthropic"
 
-    def request(
-        self,
-        *,
-        model: str,
-        system: str,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[ToolSpec],
-        temperature: float | None,
-        max_tokens: int,
-    ) -> dict[str, Any]:
+    def request(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": model,
-            "messages": list(messages),
-            "max_tokens": max_tokens,
+            "model": ask.model,
+            "messages": list(ask.messages),
+            "max_tokens": ask.max_tokens,
         }
-        if system:
-            body["system"] = system
-        if tools:
-            body["tools"] = [shapes.anthropic(t) for t in tools]
-        if temperature is not None:
-            body["temperature"] = temperature
-        return body
+        if ask.system:
+            body["system"] = ask.system
+        return _with_options(body, ask, shapes.anthropic)
 
     def read(self, reply: Any) -> Reply:
         blocks = _object(reply, "content", "an Anthropic Message")["content"]

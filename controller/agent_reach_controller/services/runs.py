@@ -34,7 +34,7 @@ from agent_reach_controller.domain.records import (
 )
 from agent_reach_controller.planning import fanout
 from agent_reach_controller.planning.dialects.base import Answer
-from agent_reach_controller.planning.endpoints import ENDPOINTS, EndpointKind, ReplyError
+from agent_reach_controller.planning.endpoints import ENDPOINTS, Ask, EndpointKind, ReplyError
 from agent_reach_controller.planning.plan import Plan, PlannedStep, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
@@ -250,7 +250,7 @@ class RunService:
         profile = profile_of(spec)
         catalog = self._work.registry.catalog
         tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
-        return self.endpoint(spec).request(
+        ask = Ask(
             model=profile.model,
             system=profile.system,
             messages=[m.message for m in conversation],
@@ -258,6 +258,7 @@ class RunService:
             temperature=profile.temperature,
             max_tokens=rules.max_tokens(run, Limits.model_validate(run.limits)),
         )
+        return self.endpoint(spec).request(ask)
 
     # -- the unit of work's hooks: a model step answered, a round ended ---------------------------
 
