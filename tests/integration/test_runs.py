@@ -53,6 +53,14 @@ WIRE = {
     "retry": {"maximum_attempts": 1},
     "input_schema": {"type": "object"},
 }
+LEDGER = {
+    "name": "ledger.post",
+    "description": "Posts to an account, which must come from what the model was given.",
+    "connector": "echo",
+    "idempotent": True,
+    "grounded": ["account"],
+    "input_schema": {"type": "object", "properties": {"account": {"type": "string"}}},
+}
 SECRET_TOOL = {
     "name": "vault.read",
     "description": "Reads the vault.",
@@ -85,7 +93,7 @@ async def stack(
     monkeypatch.setenv(KEY_VARIABLE, KEY)
     settings = ControllerSettings(
         database_url=database_url,
-        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, SECRET_TOOL])],
+        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, LEDGER, SECRET_TOOL])],
         http="127.0.0.1:0",
         grpc="127.0.0.1:0",
     )
@@ -360,3 +368,43 @@ async def test_max_tokens_is_cut_to_what_the_output_budget_has_left(
             await run(api, {"agent": "helper", "input": "Hi.", "limits": {"output_tokens": 50}})
     [(_, request)] = models.requests
     assert request["max_tokens"] == 50
+
+
+async def test_a_grounded_argument_must_come_from_the_input_or_a_result_the_model_read(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [
+        call_tools([("echo_say", {"text": "the account is acct-42"})]),
+        call_tools(
+            [("ledger_post", {"account": "acct-42"}), ("ledger_post", {"account": "acct-77"})]
+        ),
+        answer("Posted."),
+    ]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "poster", profile(models, tools=["echo.*", "ledger.*"]))
+            done = await run(api, {"agent": "poster", "input": "Post for customer 7."})
+    assert done["status"] == "succeeded", done
+    [_, _, (_, third)] = models.requests
+    results = [m["content"] for m in third["messages"] if m["role"] == "tool"]
+    assert len(results) == 3
+    # acct-42 came from a result the model read: posted. acct-77 came from nowhere: refused.
+    assert "acct-42" in results[1]
+    assert "appears in neither" not in results[1]
+    assert "acct-77" in results[2]
+    assert "appears in neither" in results[2]
+
+
+async def test_claims_the_answer_makes_up_are_listed(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [
+        call_tools([("echo_say", {"text": "order 12345 ships 2026-12-08"})]),
+        answer("Order 12345 ships 2026-12-08; order 98765 too. Write to eve@evil.invalid."),
+    ]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "Where is order 12345?"})
+    assert done["status"] == "succeeded", done
+    assert done["ungrounded_claims"] == ["eve@evil.invalid", "98765"]

@@ -93,6 +93,11 @@ class RunOut(BaseModel):
     tokens: TokensOut
     cost: float
     answer: str | None
+    ungrounded_claims: list[str] | None = Field(
+        None,
+        description="Numbers, dates, email addresses and URLs in the answer that neither the "
+        "input nor any tool result showed",
+    )
     error: dict[str, Any] | None
     limits: dict[str, Any]
     tools: list[str] = Field(description="What the model may call in this run")
@@ -123,6 +128,7 @@ def _out(run: RunRow, messages: list[RunMessage] | None = None) -> dict[str, Any
         ),
         cost=run.cost,
         answer=run.answer,
+        ungrounded_claims=run.ungrounded_claims,
         error=run.error,
         limits=run.limits,
         tools=run.tools,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -137,3 +138,43 @@ def after_round(run: RunRow, limits: Limits, *, now: datetime) -> Next:
     if spent is not None:
         return Next(False, EndReason.BUDGET_EXHAUSTED, f"spent {spent}")
     return Next(True)
+
+
+# What a final answer may state only if the input or a receipt said it first.
+_CLAIMS = (
+    re.compile(r"https?://[^\s<>\"')\]]+", re.IGNORECASE),  # URLs
+    re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),  # email addresses
+    re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),  # ISO dates
+    re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\w])"),  # numbers
+)
+_DIGITS = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def ungrounded_claims(answer: str, sources: Iterable[str], *, most: int = 20) -> list[str]:
+    """The URLs, email addresses, dates and numbers of `answer` that no source shows: what a
+    model may have made up. A number counts as shown when a source writes the same value (with
+    or without thousands separators); one-digit numbers are left out (counts, list items)."""
+    seen = " ".join(sources).casefold()
+    numbers = {n for n in (_number(t) for t in _DIGITS.findall(seen)) if n is not None}
+    found: list[str] = []
+    taken: set[str] = set()
+    for pattern in _CLAIMS:
+        for match in pattern.finditer(answer):
+            claim = match.group(0).rstrip(".,;:")
+            if claim in taken or any(claim in t for t in found):
+                continue
+            taken.add(claim)
+            value = _number(claim) if pattern is _CLAIMS[3] else None
+            if pattern is _CLAIMS[3] and (value is None or len(claim) < 2 or value in numbers):
+                continue
+            if value is None and claim.casefold() in seen:
+                continue
+            found.append(claim)
+    return found[:most]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -269,7 +269,7 @@ def _check_when(draft: StepDraft, ids: set[str], limits: PlanLimits, out: Proble
 def _check_grounding(
     draft: StepDraft,
     spec: ToolSpec,
-    context: dict[str, Any],
+    context: Mapping[str, Any],
     out: ProblemCollector,
     *,
     template: bool,
@@ -350,6 +350,7 @@ class _Reading:
     permits: Callable[[str], bool] | None = None
     template: bool = False
     environment: str = "dev"  # where the task will run (planning/sandbox.py)
+    grounds: Mapping[str, Any] | None = None  # what grounded arguments may come from
 
 
 def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
@@ -361,16 +362,24 @@ def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
     atomic: bool = False,
     permits: Callable[[str], bool] | None = None,
     environment: str = "dev",
+    grounds: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Validate a submitted body (in `dialect`, or the one it is recognised as) into a Plan.
 
     Raises PlanInvalidError with every problem found (each with a JSON pointer into `body`).
     In a model's turn (not a plan, and not `atomic`) a problem of one call refuses only that
     call: it is in `Plan.refused`, to be stored as a failed step, and so is a call to a tool
-    `permits` does not allow, or one `environment` refuses (planning/sandbox.py).
+    `permits` does not allow, or one `environment` refuses (planning/sandbox.py). Grounded
+    arguments must appear in `grounds` (an agent run's input and what its model has read) when
+    given, else in the body's context.
     """
     how = _Reading(
-        limits=limits, dialect=dialect, atomic=atomic, permits=permits, environment=environment
+        limits=limits,
+        dialect=dialect,
+        atomic=atomic,
+        permits=permits,
+        environment=environment,
+        grounds=grounds,
     )
     return _parse(body, catalog, how)
 
@@ -411,7 +420,7 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
         _check_args(draft, spec, ids=ids, limits=limits, out=sink, template=template)
         _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:
-            _check_grounding(draft, spec, context, sink, template=template)
+            _check_grounding(draft, spec, how.grounds or context, sink, template=template)
         if spec is not None and spec.fan_out is not None and isinstance(draft.args, dict):
             sink.extend(fanout.problems(draft.step_id, spec, draft.args, draft.pointers["args"]))
         if per_call and spec is not None and permits is not None and not permits(spec.name):

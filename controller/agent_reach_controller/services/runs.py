@@ -88,6 +88,25 @@ class StartRun:
     trace_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Read:
+    """A model's reply that asks for tools, read: what its calls are, and what grounds them."""
+
+    endpoint: EndpointKind
+    calls: dict[str, Any]
+    grounds: dict[str, Any]
+
+
+def _grounds(run: RunRow, conversation: Sequence[RunMessage]) -> dict[str, Any]:
+    """What a grounded argument may come from in a run: the caller's context and messages, and
+    every tool result the model has read; never the model's own words."""
+    return {
+        "context": run.context,
+        "input": [m.message for m in conversation if m.role == "user"],
+        "read": [m.message for m in conversation if m.role == "tool"],
+    }
+
+
 class RunService:
     """Starts, continues and cancels runs, and moves them on as their rounds end."""
 
@@ -284,23 +303,32 @@ class RunService:
         entries = [("assistant", e) for e in reply.entries]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
         if reply.calls is None:
+            sources = [json.dumps(m.message) for m in conversation if m.role != "assistant"]
+            sources += [json.dumps(run.context), profile.system]
+            claims = rules.ungrounded_claims(reply.text, sources)
             await self._end(
-                tx, run, totals, RunStatus.SUCCEEDED, EndReason.ANSWERED, None, reply.text
+                tx,
+                run,
+                totals | {"ungrounded_claims": claims},
+                RunStatus.SUCCEEDED,
+                EndReason.ANSWERED,
+                None,
+                reply.text,
             )
             return
-        ended = await self._expand(tx, step, run, endpoint, reply.calls, totals, limits)
+        read = Read(endpoint=endpoint, calls=reply.calls, grounds=_grounds(run, conversation))
+        ended = await self._expand(tx, step, run, read, totals, limits)
         if ended is not None:
             reason, detail = ended
             await self._unanswered(tx, run, endpoint, ids, f"not run: {detail}")
             await self._end(tx, run, totals, RunStatus.FAILED, reason, detail)
 
-    async def _expand(  # noqa: PLR0913, PLR0917 - the round as read, all of it used
+    async def _expand(
         self,
         tx: TaskWork,
         step: StepRow,
         run: RunRow,
-        endpoint: EndpointKind,
-        calls: dict[str, Any],
+        read: Read,
         totals: dict[str, Any],
         limits: Limits,
     ) -> tuple[str, str] | None:
@@ -312,11 +340,12 @@ class RunService:
         allowed = set(run.tools)
         try:
             plan = parse_plan(
-                calls,
+                read.calls,
                 self._work.registry.catalog,
-                dialect=endpoint.dialect,
+                dialect=read.endpoint.dialect,
                 permits=allowed.__contains__,
                 environment=task.environment,
+                grounds=read.grounds,
             )
         except PlanInvalidError as exc:
             said = "; ".join(f"{p.pointer or '/'}: {p.detail}" for p in exc.problems[:5])
