@@ -173,3 +173,18 @@ def _reply(kind: str, ids: list[str]) -> dict[str, Any]:
         ]
         return {"output": items}
     return {"content": [{"type": "tool_use", "id": i, "name": "t", "input": {}} for i in ids]}
+
+
+def test_an_answers_claims_are_checked_against_what_was_read() -> None:
+    answer = (
+        "Order 12,345 ships 2026-12-08 to bob@x.io (https://x.io/track). It costs 1250.50, "
+        "or 999 in points; 3 items. Ask eve@evil.invalid or see https://evil.invalid/x."
+    )
+    sources = ['{"text": "order 12345, total 1,250.5"}', "mail bob@x.io, track https://x.io/track"]
+    assert rules.ungrounded_claims(answer, sources) == [
+        "https://evil.invalid/x",
+        "eve@evil.invalid",
+        "2026-12-08",
+        "999",
+    ]
+    assert rules.ungrounded_claims("Nothing to check here.", []) == []
