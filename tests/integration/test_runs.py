@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -408,3 +409,38 @@ async def test_claims_the_answer_makes_up_are_listed(
             done = await run(api, {"agent": "helper", "input": "Where is order 12345?"})
     assert done["status"] == "succeeded", done
     assert done["ungrounded_claims"] == ["eve@evil.invalid", "98765"]
+
+
+async def sse(api: httpx.AsyncClient, url: str, **headers: str) -> list[tuple[str, Any]]:
+    """Every (event, data) of a stream, read to its end (30 s at most)."""
+    found: list[tuple[str, Any]] = []
+    async with api.stream("GET", url, headers=headers, timeout=30) as stream:
+        assert stream.status_code == 200, await stream.aread()
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        kind = ""
+        async for line in stream.aiter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                found.append((kind, json.loads(line.removeprefix("data: "))))
+    return found
+
+
+async def test_a_runs_events_stream_its_conversation_and_end_and_resume_after_an_entry(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("echo_say", {"text": "hi"})]), answer("It said hi.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            run_id = await started(api, {"agent": "helper", "input": "Say hi."})
+            events = await sse(api, f"/v1/runs/{run_id}/events")
+            resumed = await sse(api, f"/v1/runs/{run_id}/events", **{"Last-Event-ID": "1"})
+            missing = await api.get("/v1/runs/nope/events")
+    entries = [data for kind, data in events if kind == "message"]
+    assert [e["role"] for e in entries] == ["user", "assistant", "tool", "assistant"]
+    assert [e["seq"] for e in entries] == [0, 1, 2, 3]
+    kind, end = events[-1]
+    assert (kind, end["status"], end["answer"]) == ("end", "succeeded", "It said hi.")
+    assert [d["seq"] for k, d in resumed if k == "message"] == [2, 3]
+    assert missing.status_code == 404

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_reach_controller.api.auth import Caller, ForbiddenError, require
+from agent_reach_controller.api.events import HEARTBEAT, EventStream, TooManyStreamsError
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant
+from agent_reach_controller.api.serving import ShuttingDownError
 from agent_reach_controller.api.tasks import Deps
 from agent_reach_controller.domain.records import ENDED_RUN_STATES, RunMessage, RunRow
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.services.feed import FollowInput
 from agent_reach_controller.services.runs import RunInputError, StartRun
 from agent_reach_controller.tools.agents import AgentProfile, is_agent
 
@@ -248,6 +253,87 @@ async def get_run(run_id: str, deps: Deps, who: Caller, wait: WaitQuery = 0) -> 
         run = await _waited(deps, run, wait)
         run, messages = await deps.runs.read(run_id, who.tenant)
     return JSONResponse(_out(run, messages))
+
+
+RUN_EVENTS_OK: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events: `event: message` (`id` = the entry's seq, `data` = "
+        "{seq, round, role, message}) for each conversation entry, `event: status` when the "
+        "run's status, round or task changes, and last `event: end` with the run",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get(
+    "/{run_id}/events",
+    responses=problem_responses(404, 429, 503) | RUN_EVENTS_OK,
+    response_class=Response,
+    summary="A run as it moves: its conversation entry by entry, its status, its end (SSE)",
+)
+async def run_events(
+    run_id: str,
+    deps: Deps,
+    who: Caller,
+    last_event_id: Annotated[
+        int | None,
+        Header(alias="Last-Event-ID", ge=-1, le=2**31, description="Resume after this entry"),
+    ] = None,
+) -> Response:
+    await deps.runs.read(run_id, who.tenant)  # 404 before the stream starts
+    settings = deps.settings
+    if deps.feed.closing:
+        raise ShuttingDownError(
+            "it serves no new event streams; retry (another replica will answer)", retry_after=1
+        )
+    if not deps.feed.reserve(settings.max_event_streams):
+        raise TooManyStreamsError(deps.feed.followers, settings.max_event_streams)
+    after = -1 if last_event_id is None else last_event_id
+    return EventStream(_run_stream(deps, run_id, who.tenant, after=after), feed=deps.feed)
+
+
+async def _run_stream(
+    deps: Components, run_id: str, tenant: str, *, after: int
+) -> AsyncGenerator[bytes, None]:
+    """The run's entries after `after`, its status changes and its end, as they commit: each
+    wait follows the current round's task events (which every move of the run comes with)."""
+    settings = deps.settings
+    loop = asyncio.get_running_loop()
+    until = loop.time() + settings.event_stream_max_seconds
+    shown: tuple[Any, ...] | None = None
+    cursors: dict[str, int] = {}
+    while loop.time() < until and not deps.feed.closing:
+        run, messages = await deps.runs.read(run_id, tenant)
+        fresh = [m for m in messages if m.seq > after]
+        for m in fresh:
+            data = {"seq": m.seq, "round": m.round, "role": m.role, "message": m.message}
+            yield _sse("message", data, event_id=m.seq)
+        after = fresh[-1].seq if fresh else after
+        state = (run.status, run.round, run.task_id)
+        if state != shown:
+            shown = state
+            yield _sse("status", {"status": run.status, "round": run.round, "task_id": run.task_id})
+        if run.status in ENDED_RUN_STATES or run.task_id is None:
+            yield _sse("end", _out(run))
+            return
+        follow = FollowInput(
+            task_id=run.task_id,
+            after=cursors.get(run.task_id, 0),
+            idle=settings.event_stream_heartbeat_seconds,
+            duration=settings.event_stream_heartbeat_seconds,
+        )
+        async for batch in deps.feed.follow(follow):
+            if batch.events:
+                cursors[run.task_id] = batch.events[-1].id
+            elif batch.ended is None:
+                yield HEARTBEAT
+            break
+
+
+def _sse(kind: str, data: Any, *, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"{head}event: {kind}\ndata: {body}\n\n".encode()
 
 
 @router.post(
