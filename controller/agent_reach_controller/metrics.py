@@ -205,6 +205,49 @@ class ControllerMetrics:
             registry=r,
         )
 
+        self._model_calls = Counter(
+            m.MODEL_CALLS,
+            "Model calls of agent runs that completed.",
+            [m.AGENT, m.MODEL],
+            registry=r,
+        )
+        self._model_tokens = Counter(
+            m.MODEL_TOKENS,
+            "Tokens agent runs were charged for: at least what was sent, whatever a reply said.",
+            [m.AGENT, m.MODEL, m.KIND],
+            registry=r,
+        )
+        self._model_cost = Counter(
+            m.MODEL_COST,
+            "What agent runs' model calls cost, in the profile's price table's units.",
+            [m.AGENT, m.MODEL],
+            registry=r,
+        )
+        self._runs_ended = Counter(
+            m.RUNS_ENDED,
+            "Agent runs ended, by status and reason.",
+            [m.AGENT, m.STATUS, m.REASON],
+            registry=r,
+        )
+
+    # -- agent runs -------------------------------------------------------------------------------
+
+    def model_called(
+        self, conn: Connection, agent: str, model: str, tokens: Mapping[str, int], cost: float
+    ) -> None:
+        """A run's model call, charged, once its transaction commits."""
+
+        def record() -> None:
+            self._child(self._model_calls, agent, model).inc()
+            for kind in m.TOKEN_KINDS:
+                self._child(self._model_tokens, agent, model, kind).inc(tokens.get(kind, 0))
+            self._child(self._model_cost, agent, model).inc(cost)
+
+        after_commit(conn, record)
+
+    def run_ended(self, conn: Connection, agent: str, status: str, reason: str) -> None:
+        after_commit(conn, lambda: self._child(self._runs_ended, agent, status, reason).inc())
+
     # -- dispatch -------------------------------------------------------------------------------
 
     def total(self, name: str, **labels: str) -> float:

@@ -42,6 +42,12 @@ SWEEP_FAILURES: Final = "agent_reach_sweep_failures"  # counter {sweep}
 # Controller: submits sharing a transaction (group commit), and groups split to run alone.
 SUBMIT_GROUP_SIZE: Final = "agent_reach_submit_group_size"  # histogram: submits per transaction
 SUBMIT_GROUPS_SPLIT: Final = "agent_reach_submit_groups_split"  # counter
+# Agent runs: model calls and what they counted for, per agent and model; runs by their end.
+MODEL_CALLS: Final = "agent_reach_model_calls"  # counter {agent, model}
+MODEL_TOKENS: Final = "agent_reach_model_tokens"  # counter {agent, model, kind}: see TOKEN_KINDS
+MODEL_COST: Final = "agent_reach_model_cost"  # counter {agent, model}: the price table's units
+RUNS_ENDED: Final = "agent_reach_runs_ended"  # counter {agent, status, reason}
+TOKEN_KINDS: Final = ("input", "output", "cached")
 # Executor.
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
 EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}
@@ -56,6 +62,10 @@ PATH: Final = "path"
 STATE: Final = "state"
 RESULT: Final = "result"
 CHANNEL: Final = "channel"
+AGENT: Final = "agent"
+MODEL: Final = "model"
+KIND: Final = "kind"
+STATUS: Final = "status"
 
 # The exemplar label every histogram observation carries: the task's W3C trace id.
 TRACE_ID: Final = "trace_id"

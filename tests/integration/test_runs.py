@@ -153,9 +153,12 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
         answer("The echo said hi and there."),
     ]
     with ScriptedModels(script) as models:
-        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
             await put_agent(api, "helper", profile(models, kind))
             done = await run(api, {"agent": "helper", "input": "Say hi and there."})
+            calls = c.metrics.total("agent_reach_model_calls_total", agent="helper")
+            charged = c.metrics.total("agent_reach_model_tokens_total", kind="input")
+            ended = c.metrics.total("agent_reach_runs_ended_total", reason="answered")
     assert done["status"] == "succeeded", done
     assert done["end_reason"] == "answered"
     assert done["answer"] == "The echo said hi and there."
@@ -174,6 +177,7 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
     assert done["tokens"]["input"] > 0
     assert done["tokens"]["output"] > 0
     assert KEY not in str(done)
+    assert (calls, charged, ended) == (2, done["tokens"]["input"], 1)
 
 
 async def test_a_tool_the_run_may_not_use_is_refused_as_that_call(

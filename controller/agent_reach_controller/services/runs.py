@@ -223,6 +223,9 @@ class RunService:
                 await tx.request_cancel(task)
             values = _ended(RunStatus.CANCELLED, EndReason.CANCELLED, tx.now)
             await run_store.update_run(tx.conn, run, values, now=tx.now)
+            self._work.metrics.run_ended(
+                tx.conn, run.agent, RunStatus.CANCELLED, EndReason.CANCELLED
+            )
             await tx.audit(
                 actor=actor, tenant=tenant, action="run.cancel", target=f"run:{run_id}", data={}
             )
@@ -294,6 +297,12 @@ class RunService:
         sent = json.dumps(self._request(run, spec, conversation))
         usage = rules.usage_of(output, sent_chars=len(sent), prices=profile.prices)
         totals = usage.added_to(run)
+        tokens = {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "cached": usage.cached_tokens,
+        }
+        self._work.metrics.model_called(tx.conn, run.agent, profile.model, tokens, usage.cost)
         try:
             reply = endpoint.read(output.get("reply") if isinstance(output, dict) else None)
         except ReplyError as exc:
@@ -386,8 +395,7 @@ class RunService:
         if run is None:
             return
         if status == TaskStatus.CANCELLED:
-            values = _ended(RunStatus.CANCELLED, EndReason.CANCELLED, tx.now)
-            await run_store.update_run(tx.conn, run, values, now=tx.now)
+            await self._end(tx, run, {}, RunStatus.CANCELLED, EndReason.CANCELLED, None)
             return
         steps = await tx.steps_of(task.task_id)
         model = next((s for s in steps if s.step_id == MODEL_STEP), None)
@@ -501,6 +509,7 @@ class RunService:
         if status == RunStatus.FAILED:
             values["error"] = error or {"code": reason, "message": detail}
         await run_store.update_run(tx.conn, run, values, now=tx.now)
+        self._work.metrics.run_ended(tx.conn, run.agent, status, reason)
 
 
 def _ended(status: RunStatus, reason: str, now: datetime) -> dict[str, Any]:
