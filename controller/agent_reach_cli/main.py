@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent_reach_cli import (
+    agent_commands,
     audit_commands,
     client_commands,
     demo,
@@ -18,6 +19,7 @@ from agent_reach_cli import (
     key_commands,
     process_commands,
     replay_commands,
+    run_commands,
     tool_commands,
     trigger_commands,
 )
@@ -190,12 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reject", action="store_true", help="reject instead of approving")
             p.add_argument("--reason", help="why (recorded; on a rejection the model reads it)")
             p.add_argument("--args", help="approve these arguments instead (a JSON object)")
-    tool_commands.add_parser(sub)
-    _add_trace_parser(sub)
-    replay_commands.add_parser(sub)
-    key_commands.add_parsers(sub)
-    executor_commands.add_parser(sub)
-    trigger_commands.add_parser(sub)
+    for add_commands in (
+        tool_commands.add_parser,
+        agent_commands.add_parser,
+        run_commands.add_parser,
+        _add_trace_parser,
+        replay_commands.add_parser,
+        key_commands.add_parsers,
+        executor_commands.add_parser,
+        trigger_commands.add_parser,
+    ):
+        add_commands(sub)
     return parser
 
 
