@@ -170,6 +170,8 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
     assert len(str(second)) > len(str(first))
     assert "hi" in str(second)
     assert "there" in str(second)
+    assert "Round 2 of at most 5" in str(second)
+    assert "Done: 2 tool calls" in str(second)
     roles = [m["role"] for m in done["messages"]]
     assert roles[0] == "user"
     assert roles[-1] == "assistant"
@@ -239,8 +241,12 @@ async def test_continue_after_the_end_sends_the_whole_conversation(
             again = (await api.get(f"/v1/runs/{done['run_id']}")).json()
     assert again["answer"] == "Second answer."
     [_, (_, second)] = models.requests
-    said = [m.get("content") for m in second["messages"]]
+    said = [m.get("content") for m in second["messages"] if m["role"] != "system"]
     assert said[-3:] == ["One.", "First answer.", "Two."]
+    # The stage note comes last, and counts rounds from the caller's new message.
+    assert second["messages"][-1]["role"] == "system"
+    assert second["messages"][-1]["content"].startswith("[run state] Round 1 of at most 5.")
+    assert "Goal: Two." in second["messages"][-1]["content"]
 
 
 async def test_bad_run_input_is_a_problem_document(

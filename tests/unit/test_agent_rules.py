@@ -188,3 +188,40 @@ def test_an_answers_claims_are_checked_against_what_was_read() -> None:
         "999",
     ]
     assert rules.ungrounded_claims("Nothing to check here.", []) == []
+
+
+def test_the_stage_note_follows_the_conversation_and_keeps_anthropics_turns_alternating() -> None:
+    from agent_reach_controller.planning.endpoints import Ask
+
+    def last(kind: str, messages: list[dict[str, Any]]) -> Any:
+        ask = Ask(
+            model="m",
+            system="",
+            messages=messages,
+            tools=[],
+            temperature=None,
+            max_tokens=9,
+            note="NOTE",
+        )
+        body = ENDPOINTS[kind].request(ask)
+        return (body.get("messages") or body.get("input"))[-1]
+
+    user = [{"role": "user", "content": "hi"}]
+    said = [*user, {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]
+    assert last("anthropic", user) == {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "NOTE"}],
+    }
+    assert last("anthropic", said) == {"role": "user", "content": "NOTE"}
+    assert last("openai_chat", user) == {"role": "system", "content": "NOTE"}
+    assert last("openai_responses", user) == {"role": "developer", "content": "NOTE"}
+    note = rules.stage_note(
+        run_row(round=3, calls={"a": 2, "b": 1}, output_tokens=40),
+        Limits(max_rounds=3, output_tokens=100),
+        goal="Find the order",
+    )
+    assert note == (
+        "[run state] Round 3 of at most 3. Goal: Find the order Done: 3 tool calls in this run, "
+        "their results above. Left: 60 output tokens. This is the last round: answer now with "
+        "what you have."
+    )

@@ -178,3 +178,29 @@ def ungrounded_claims(answer: str, sources: Iterable[str], *, most: int = 20) ->
                 continue
             found.append(claim)
     return found[:most]
+
+
+def stage_note(run: RunRow, limits: Limits, *, goal: str) -> str:
+    """A short note of where the run stands, said to the model each round: the goal, what was
+    done, what is left of its rounds and budgets."""
+    rounds = run.round - run.turn_start + 1
+    calls = sum(run.calls.values())
+    parts = [
+        f"[run state] Round {rounds} of at most {limits.max_rounds}.",
+        f"Goal: {goal[:200]}" if goal else "",
+        f"Done: {calls} tool call{'s' if calls != 1 else ''} in this run, their results above."
+        if calls
+        else "Done: nothing yet.",
+    ]
+    left = []
+    if limits.output_tokens is not None:
+        left.append(f"{max(0, limits.output_tokens - run.output_tokens):,} output tokens")
+    if limits.input_tokens is not None:
+        left.append(f"{max(0, limits.input_tokens - run.input_tokens):,} input tokens")
+    if limits.cost is not None:
+        left.append(f"{max(0.0, limits.cost - run.cost):.4g} cost")
+    if left:
+        parts.append("Left: " + ", ".join(left) + ".")
+    if rounds >= limits.max_rounds:
+        parts.append("This is the last round: answer now with what you have.")
+    return " ".join(p for p in parts if p)

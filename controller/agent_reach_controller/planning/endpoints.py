@@ -39,6 +39,7 @@ class Ask:
     tools: Sequence[ToolSpec]
     temperature: float | None
     max_tokens: int
+    note: str = ""  # the run's stage, said after the conversation (never stored in it)
 
 
 class ReplyError(ValueError):
@@ -85,6 +86,25 @@ class EndpointKind(ABC):
         return ids
 
 
+def _said(role: str, note: str) -> list[dict[str, Any]]:
+    return [{"role": role, "content": note}] if note else []
+
+
+def _noted(messages: Sequence[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    """Anthropic's turns alternate: the note joins the last user turn (tool results, say) as a
+    text block, or is a user turn of its own after the model's."""
+    if not note:
+        return list(messages)
+    last = messages[-1] if messages else None
+    if last is None or last.get("role") != "user":
+        return [*messages, {"role": "user", "content": note}]
+    content = last.get("content")
+    blocks = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    )
+    return [*messages[:-1], {**last, "content": [*blocks, {"type": "text", "text": note}]}]
+
+
 def _with_options(
     body: dict[str, Any], ask: Ask, shape: Callable[[ToolSpec], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -110,7 +130,7 @@ class Chat(EndpointKind):
         system_message = [{"role": "system", "content": ask.system}] if ask.system else []
         body: dict[str, Any] = {
             "model": ask.model,
-            "messages": [*system_message, *ask.messages],
+            "messages": [*system_message, *ask.messages, *_said("system", ask.note)],
             "max_tokens": ask.max_tokens,
         }
         return _with_options(body, ask, shapes.chat)
@@ -139,7 +159,7 @@ class Responses(EndpointKind):
     def request(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": ask.model,
-            "input": list(ask.messages),
+            "input": [*ask.messages, *_said("developer", ask.note)],
             "max_output_tokens": ask.max_tokens,
             "store": False,
         }
@@ -175,7 +195,7 @@ class Anthropic(EndpointKind):
     def request(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": ask.model,
-            "messages": list(ask.messages),
+            "messages": _noted(ask.messages, ask.note),
             "max_tokens": ask.max_tokens,
         }
         if ask.system:

@@ -272,13 +272,15 @@ class RunService:
         profile = profile_of(spec)
         catalog = self._work.registry.catalog
         tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
+        limits = Limits.model_validate(run.limits)
         ask = Ask(
             model=profile.model,
             system=profile.system,
             messages=[m.message for m in conversation],
             tools=tools,
             temperature=profile.temperature,
-            max_tokens=rules.max_tokens(run, Limits.model_validate(run.limits)),
+            max_tokens=rules.max_tokens(run, limits),
+            note=rules.stage_note(run, limits, goal=_goal(conversation)),
         )
         return self.endpoint(spec).request(ask)
 
@@ -510,6 +512,15 @@ class RunService:
             values["error"] = error or {"code": reason, "message": detail}
         await run_store.update_run(tx.conn, run, values, now=tx.now)
         self._work.metrics.run_ended(tx.conn, run.agent, status, reason)
+
+
+def _goal(conversation: Sequence[RunMessage]) -> str:
+    """The caller's latest words: what the run is for now."""
+    for m in reversed(conversation):
+        content = m.message.get("content")
+        if m.role == "user" and isinstance(content, str):
+            return " ".join(content.split())
+    return ""
 
 
 def _ended(status: RunStatus, reason: str, now: datetime) -> dict[str, Any]:
