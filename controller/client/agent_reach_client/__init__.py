@@ -3,16 +3,33 @@
 from agent_reach_client._async import AsyncClient
 from agent_reach_client._sync import Client
 from agent_reach_client.errors import PendingCalls, ProblemError
-from agent_reach_client.types import Accepted, Event, PendingCall, Task, TaskError, Turn
+from agent_reach_client.types import (
+    Accepted,
+    Agent,
+    Event,
+    PendingCall,
+    Run,
+    RunEntry,
+    RunLimits,
+    RunTokens,
+    Task,
+    TaskError,
+    Turn,
+)
 
 __all__ = [
     "Accepted",
+    "Agent",
     "AsyncClient",
     "Client",
     "Event",
     "PendingCall",
     "PendingCalls",
     "ProblemError",
+    "Run",
+    "RunEntry",
+    "RunLimits",
+    "RunTokens",
     "Task",
     "TaskError",
     "Turn",

@@ -15,7 +15,17 @@ from agent_reach_client import _calls
 from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
 from agent_reach_client._sync import TERMINAL
 from agent_reach_client.errors import PendingCalls
-from agent_reach_client.types import Dialect, Event, Task, ToolFormat, Turn
+from agent_reach_client.types import (
+    Agent,
+    Dialect,
+    Event,
+    Run,
+    RunInput,
+    RunLimits,
+    Task,
+    ToolFormat,
+    Turn,
+)
 
 
 class AsyncClient:
@@ -183,3 +193,53 @@ class AsyncClient:
 
     async def tools(self, format: ToolFormat = "native") -> Any:
         return await self._send(_calls.tools(format))
+
+    # --- agents and runs --------------------------------------------------------------------
+
+    async def put_agent(
+        self, name: str, profile: dict[str, Any], *, if_revision: int | None = None
+    ) -> Agent:
+        """See `Client.put_agent`."""
+        return cast(Agent, await self._send(_calls.put_agent(name, profile, if_revision)))
+
+    async def get_agent(self, name: str) -> Agent:
+        return cast(Agent, await self._send(_calls.agent(name)))
+
+    async def list_agents(self) -> list[Agent]:
+        return cast(list[Agent], (await self._send(_calls.agents()))["agents"])
+
+    async def delete_agent(self, name: str, *, if_revision: int | None = None) -> None:
+        await self._send(_calls.delete_agent(name, if_revision))
+
+    async def start_run(
+        self,
+        agent: str,
+        input: RunInput,
+        *,
+        subject: str | None = None,
+        context: dict[str, Any] | None = None,
+        limits: RunLimits | None = None,
+        wait: float | None = None,
+    ) -> Run:
+        """See `Client.start_run`."""
+        body = _calls.run_body(agent, input, subject, context, limits)
+        call = _calls.start_run(body, wait)
+        return cast(Run, await self._send(call, read_timeout=self._timeout(wait)))
+
+    async def get_run(self, run_id: str, *, wait: float | None = None) -> Run:
+        call = _calls.run(run_id, wait)
+        return cast(Run, await self._send(call, read_timeout=self._timeout(wait)))
+
+    async def list_runs(self, *, limit: int = 50, before: str | None = None) -> list[Run]:
+        return cast(list[Run], (await self._send(_calls.runs(limit, before)))["runs"])
+
+    async def continue_run(self, run_id: str, input: RunInput, *, wait: float | None = None) -> Run:
+        """See `Client.continue_run`."""
+        call = _calls.continue_run(run_id, input, wait)
+        return cast(Run, await self._send(call, read_timeout=self._timeout(wait)))
+
+    async def cancel_run(self, run_id: str) -> Run:
+        return cast(Run, await self._send(_calls.cancel_run(run_id)))
+
+    def _timeout(self, wait: float | None) -> float:
+        return self._settings.timeout + (wait or 0)

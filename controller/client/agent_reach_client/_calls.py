@@ -43,3 +43,71 @@ def verdict(action: str, output: Any, reason: str) -> dict[str, Any]:
     if output is not None:
         body["output"] = output
     return body
+
+
+def _if_match(revision: int | None) -> dict[str, str]:
+    return {} if revision is None else {"If-Match": f'"{revision}"'}
+
+
+def _waiting(wait: float | None) -> dict[str, Any]:
+    return {"wait": wait} if wait else {}
+
+
+def agents() -> Call:
+    return Call("GET", "/v1/agents")
+
+
+def agent(name: str) -> Call:
+    return Call("GET", f"/v1/agents/{name}")
+
+
+def put_agent(name: str, profile: dict[str, Any], if_revision: int | None) -> Call:
+    # The same profile again changes nothing: safe to send again.
+    return Call("PUT", f"/v1/agents/{name}", json=profile, headers=_if_match(if_revision))
+
+
+def delete_agent(name: str, if_revision: int | None) -> Call:
+    return Call("DELETE", f"/v1/agents/{name}", headers=_if_match(if_revision))
+
+
+def start_run(body: dict[str, Any], wait: float | None) -> Call:
+    # A second POST would start a second run.
+    return Call("POST", "/v1/runs", params=_waiting(wait), json=body, repeatable=False)
+
+
+def run_body(
+    agent: str, input: Any, subject: str | None, context: Any, limits: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": agent, "input": input}
+    if subject is not None:
+        body["subject"] = subject
+    if context is not None:
+        body["context"] = context
+    if limits:
+        body["limits"] = limits
+    return body
+
+
+def run(run_id: str, wait: float | None) -> Call:
+    return Call("GET", f"/v1/runs/{run_id}", params=_waiting(wait))
+
+
+def runs(limit: int, before: str | None) -> Call:
+    params: dict[str, Any] = {"limit": limit}
+    if before:
+        params["before"] = before
+    return Call("GET", "/v1/runs", params=params)
+
+
+def continue_run(run_id: str, input: Any, wait: float | None) -> Call:
+    return Call(
+        "POST",
+        f"/v1/runs/{run_id}/messages",
+        params=_waiting(wait),
+        json={"input": input},
+        repeatable=False,
+    )
+
+
+def cancel_run(run_id: str) -> Call:
+    return Call("POST", f"/v1/runs/{run_id}/cancel")

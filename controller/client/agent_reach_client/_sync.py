@@ -13,7 +13,17 @@ import httpx
 from agent_reach_client import _calls
 from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
 from agent_reach_client.errors import PendingCalls
-from agent_reach_client.types import Dialect, Event, Task, ToolFormat, Turn
+from agent_reach_client.types import (
+    Agent,
+    Dialect,
+    Event,
+    Run,
+    RunInput,
+    RunLimits,
+    Task,
+    ToolFormat,
+    Turn,
+)
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -187,6 +197,56 @@ class Client:
     def tools(self, format: ToolFormat = "native") -> Any:
         """The catalogue (native), or the tools list a model API takes (`format`)."""
         return self._send(_calls.tools(format))
+
+    # --- agents and runs --------------------------------------------------------------------
+
+    def put_agent(
+        self, name: str, profile: dict[str, Any], *, if_revision: int | None = None
+    ) -> Agent:
+        """Create or replace an agent's profile (a new revision; the same profile changes
+        nothing). `if_revision`: only if the agent is still at that revision (else 412)."""
+        return cast(Agent, self._send(_calls.put_agent(name, profile, if_revision)))
+
+    def get_agent(self, name: str) -> Agent:
+        return cast(Agent, self._send(_calls.agent(name)))
+
+    def list_agents(self) -> list[Agent]:
+        """The agents the key may run or administer."""
+        return cast(list[Agent], self._send(_calls.agents())["agents"])
+
+    def delete_agent(self, name: str, *, if_revision: int | None = None) -> None:
+        self._send(_calls.delete_agent(name, if_revision))
+
+    def start_run(
+        self,
+        agent: str,
+        input: RunInput,
+        *,
+        subject: str | None = None,
+        context: dict[str, Any] | None = None,
+        limits: RunLimits | None = None,
+        wait: float | None = None,
+    ) -> Run:
+        """Start an agent run on `input` (text, or messages in the agent's endpoint's shape);
+        with `wait`, the run as it stands when it ended or the wait did."""
+        body = _calls.run_body(agent, input, subject, context, limits)
+        return cast(Run, self._send(_calls.start_run(body, wait), read_timeout=self._timeout(wait)))
+
+    def get_run(self, run_id: str, *, wait: float | None = None) -> Run:
+        """A run with its conversation (`wait`: until it ends, at most)."""
+        return cast(Run, self._send(_calls.run(run_id, wait), read_timeout=self._timeout(wait)))
+
+    def list_runs(self, *, limit: int = 50, before: str | None = None) -> list[Run]:
+        """The tenant's runs, newest first (`before`: older than this run id)."""
+        return cast(list[Run], self._send(_calls.runs(limit, before))["runs"])
+
+    def continue_run(self, run_id: str, input: RunInput, *, wait: float | None = None) -> Run:
+        """The caller's next message to a run that ended: a new turn of the same conversation."""
+        call = _calls.continue_run(run_id, input, wait)
+        return cast(Run, self._send(call, read_timeout=self._timeout(wait)))
+
+    def cancel_run(self, run_id: str) -> Run:
+        return cast(Run, self._send(_calls.cancel_run(run_id)))
 
     def _timeout(self, wait: float | None) -> float:
         return self._settings.timeout + (wait or 0)

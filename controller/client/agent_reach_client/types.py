@@ -6,6 +6,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 Dialect = Literal["plan", "openai_chat", "openai_responses", "anthropic", "mcp"]
 ToolFormat = Literal["native", "openai_chat", "openai_responses", "anthropic", "mcp"]
+# A run's input: text (a user message), or messages in the shape of the agent's endpoint.
+RunInput = str | list[dict[str, Any]]
 
 
 class PendingCall(TypedDict):
@@ -74,3 +76,63 @@ class Event(TypedDict):
     attempt: int | None
     data: dict[str, Any] | None
     created_at: str
+
+
+class Agent(TypedDict):
+    """An agent profile as stored: credentials only as `${env:NAME}` references."""
+
+    name: str
+    version: str
+    revision: int
+    enabled: bool
+    profile: dict[str, Any]  # the body `put_agent` takes
+
+
+class RunLimits(TypedDict, total=False):
+    """A run's limits; each given one may only lower the agent's."""
+
+    max_rounds: int
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    deadline: float  # seconds
+
+
+class RunTokens(TypedDict):
+    input: int
+    output: int
+    cached: int
+
+
+class RunEntry(TypedDict):
+    """One entry of a run's conversation; `message` is in the agent's endpoint's shape."""
+
+    seq: int
+    round: int
+    role: str  # user, assistant or tool
+    message: dict[str, Any]
+
+
+class Run(TypedDict):
+    """An agent run: where it is, what it used, its answer and (from `get_run`) its
+    conversation. `end_reason`: answered, max_rounds, budget_exhausted, loop_detected,
+    deadline_exceeded, model_failed, invalid_reply or cancelled."""
+
+    run_id: str
+    trace_id: str
+    agent: str
+    agent_version: str
+    status: str  # running, succeeded, failed or cancelled
+    end_reason: str | None
+    round: int
+    task_id: str | None
+    subject: str | None
+    tokens: RunTokens
+    cost: float
+    answer: str | None
+    error: dict[str, Any] | None
+    limits: dict[str, Any]
+    tools: list[str]
+    created_at: str
+    finished_at: str | None
+    messages: NotRequired[list[RunEntry] | None]
