@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.server import running_controller
+from agent_reach_controller.services.retention import RetentionService
 from agent_reach_controller.settings import ControllerSettings
 from agent_reach_executor import ExecutorSettings, run_executor
 from tests.integration.stack import key_for, write_tools
@@ -454,3 +456,19 @@ async def test_a_runs_events_stream_its_conversation_and_end_and_resume_after_an
     assert (kind, end["status"], end["answer"]) == ("end", "succeeded", "It said hi.")
     assert [d["seq"] for k, d in resumed if k == "message"] == [2, 3]
     assert missing.status_code == 404
+
+
+async def test_an_ended_run_goes_with_its_conversation_at_retention(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("Done.")]) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "helper", profile(models))
+            ended = await run(api, {"agent": "helper", "input": "Hi."})
+            later = datetime.now(UTC) + timedelta(days=2)
+            retention = RetentionService(db=c.db, days=1, batch=10)
+            pruned = await retention.prune(now=later)
+            gone = await api.get(f"/v1/runs/{ended['run_id']}")
+    assert pruned["runs"] == 1
+    assert pruned["run_messages"] == 2  # the question and the answer
+    assert gone.status_code == 404

@@ -62,6 +62,12 @@ class RetentionService:
             total.update(deleted)
             if deleted.get("tasks", 0) < self._batch:
                 break
+        for _ in range(self._max_batches):
+            async with self._db.transaction() as conn:
+                deleted = await storage.prune_finished_runs(conn, before=before, limit=self._batch)
+            total.update(deleted)
+            if deleted.get("runs", 0) < self._batch:
+                break
         async with self._db.transaction() as conn:
             total["webhook_outbox"] += await storage.prune_webhook_deliveries(
                 conn, before=before, limit=self._batch * self._max_batches

@@ -1,5 +1,6 @@
 """Deleting what is past its retention: finished tasks with their steps, events, cap charges and
-idempotency keys, and webhook deliveries that are done. Small batches, each its own transaction;
+idempotency keys, ended agent runs with their conversations, and webhook deliveries that are
+done. Small batches, each its own transaction;
 rows another transaction holds are skipped (Postgres), so the hot path never waits on it. The
 audit log is kept whole: its triggers refuse deletes."""
 
@@ -14,6 +15,8 @@ from agent_reach_controller.storage.schema import (
     cap_charges,
     events,
     idempotency_keys,
+    run_messages,
+    runs,
     steps,
     tasks,
     webhook_outbox,
@@ -38,6 +41,28 @@ async def prune_finished_tasks(
     deleted = {}
     for table in (cap_charges, events, idempotency_keys, steps, tasks):
         result = await conn.execute(sa.delete(table).where(table.c.task_id.in_(ids)))
+        deleted[table.name] = result.rowcount or 0
+    return deleted
+
+
+async def prune_finished_runs(
+    conn: AsyncConnection, *, before: datetime, limit: int
+) -> dict[str, int]:
+    """Delete up to `limit` agent runs that ended before `before`, with their conversations (a
+    run continued since has no `finished_at`, and is kept whole)."""
+    rows = await conn.execute(
+        sa.select(runs.c.run_id)
+        .where(runs.c.finished_at.is_not(None), runs.c.finished_at < before)
+        .order_by(runs.c.finished_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    ids = [run_id for (run_id,) in rows.all()]
+    if not ids:
+        return {}
+    deleted = {}
+    for table in (run_messages, runs):
+        result = await conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
         deleted[table.name] = result.rowcount or 0
     return deleted
 
