@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import threading
@@ -31,6 +32,11 @@ ENV_URL = "AGENT_REACH_DEMO_URL"
 ENV_SMTP_HOST = "AGENT_REACH_DEMO_SMTP_HOST"
 ENV_SMTP_PORT = "AGENT_REACH_DEMO_SMTP_PORT"
 ENV_WEBHOOK_SECRET = "AGENT_REACH_DEMO_WEBHOOK_SECRET"
+# The demo model's key: any value does (it checks none), but a profile names keys only by
+# reference, so it is one.
+ENV_MODEL_KEY = "AGENT_REACH_DEMO_MODEL_KEY"
+DEMO_MODEL = "demo-umbrella-1"
+AGENT = "umbrella"
 # The user of the demo lives in Wuhan: "08:00" is 08:00 there.
 USER_ZONE = "Asia/Shanghai"
 FORECASTS = {
@@ -95,6 +101,69 @@ def umbrella_plan(
     return {**plan, "timezone": USER_ZONE}
 
 
+def scripted_model(request: dict[str, Any]) -> dict[str, Any]:
+    """The demo's model, an OpenAI Chat Completions endpoint with no model behind it: it asks for
+    the forecast of the city the user named, sets a reminder if the forecast says rain, and then
+    answers with what the tools said. No API key and no network: the loop, visible."""
+    messages = request.get("messages") or []
+    said = " ".join(m.get("content") or "" for m in messages if m.get("role") == "user")
+    city = (re.findall(r"rains? in ([A-Z][\w-]*)", said) or ["Wuhan"])[-1]
+    results = [_read(m.get("content")) for m in messages if m.get("role") == "tool"]
+    weather = next((r for r in results if "rain" in r), None)
+    reminder = next((r for r in results if "reminder_id" in r), None)
+    if weather is None:
+        return _completion(call=("weather_forecast", {"city": city, "day": "tomorrow"}))
+    if weather["rain"] and reminder is None:
+        at = datetime.now(ZoneInfo(USER_ZONE)).replace(hour=8, minute=0, second=0, microsecond=0)
+        args = {
+            "at": (at + timedelta(days=1)).isoformat(timespec="seconds"),
+            "text": "Take an umbrella",
+            "evidence": weather.get("summary", ""),
+        }
+        return _completion(call=("reminder_create", args))
+    if reminder is not None:
+        text = (
+            f"It will rain in {city} tomorrow ({weather.get('summary')}). I set reminder "
+            f"{reminder['reminder_id']} for 08:00: take an umbrella."
+        )
+    else:
+        text = f"No rain in {city} tomorrow ({weather.get('summary')}): no reminder needed."
+    return _completion(text=text)
+
+
+def _read(content: Any) -> dict[str, Any]:
+    """A tool result's data, as the model reads it (a receipt rendered as JSON)."""
+    try:
+        receipt = json.loads(content) if isinstance(content, str) else {}
+    except ValueError:
+        return {}
+    data = receipt.get("data") if isinstance(receipt, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _completion(*, text: str | None = None, call: tuple[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if call is not None:
+        name, args = call
+        message["tool_calls"] = [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ]
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(6)}",
+        "object": "chat.completion",
+        "created": int(datetime.now().timestamp()),
+        "model": DEMO_MODEL,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if call else "stop"}
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
 class _DemoHandler(BaseHTTPRequestHandler):
     reminders: dict[str, dict[str, Any]] = {}
     hooks: dict[str, dict[str, Any]] = {}  # by webhook-id: a repeat is the same delivery
@@ -135,6 +204,9 @@ class _DemoHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if path == "/v1/chat/completions":
+            self._send(200, scripted_model(json.loads(raw or b"{}")))
+            return
         if path.startswith("/hooks/"):
             self._hook(path.removeprefix("/hooks/"), raw)
             return
@@ -268,6 +340,7 @@ def running_demo_service() -> Iterator[str]:
                     ENV_SMTP_HOST: "127.0.0.1",
                     ENV_SMTP_PORT: str(smtp_port),
                     ENV_WEBHOOK_SECRET: _DemoHandler.secret,
+                    ENV_MODEL_KEY: "demo",
                 }
             )
             yield url
@@ -293,12 +366,48 @@ async def run_demo(base_url: str, *, api_key: str, demo_url: str, delay: float =
             print(f"    follow it live with  reach status {task_id} --watch)", flush=True)
             task = await _ended(client, task_id, within=delay + 30)
             print(describe_task(task), flush=True)
+        await _agent_run(client, demo_url)
         delivered = (await client.get(f"{demo_url}/deliveries")).json()
     print(
         f"\nThe demo service received {len(delivered['webhooks'])} signed webhook(s) on the "
         f"phone and {len(delivered['emails'])} email(s) in the inbox.",
         flush=True,
     )
+
+
+def agent_profile(demo_url: str) -> dict[str, Any]:
+    """The umbrella agent: the demo's scripted model, allowed the weather and the reminders."""
+    return {
+        "description": "Reminds you to take an umbrella when it will rain.",
+        "endpoint": {
+            "kind": "openai_chat",
+            "base_url": f"{demo_url}/v1",
+            "api_key": f"${{env:{ENV_MODEL_KEY}}}",
+            "allow_hosts": ["127.0.0.1"],
+        },
+        "model": DEMO_MODEL,
+        "system": "You help with the weather. Use the tools; never guess a forecast.",
+        "tools": ["weather.*", "reminder.create"],
+        "limits": {"max_rounds": 5},
+    }
+
+
+async def _agent_run(client: httpx.AsyncClient, demo_url: str) -> None:
+    """The same request as an agent run: the model decides, the controller runs it."""
+    put = await client.put(f"/v1/agents/{AGENT}", json=agent_profile(demo_url))
+    put.raise_for_status()
+    ask = "If it rains in Wuhan tomorrow, remind me at 08:00 to take an umbrella."
+    print(f"\n== The same, as an agent run: the model decides, Agent-Reach runs it\n   > {ask}")
+    started = await client.post("/v1/runs?wait=30", json={"agent": AGENT, "input": ask})
+    started.raise_for_status()
+    run = (await client.get(f"/v1/runs/{started.json()['run_id']}")).json()
+    for entry in run["messages"]:
+        message = entry["message"]
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            print(f"   [{entry['round']}] model calls {function['name']} {function['arguments']}")
+    print(f"   {run['status']} ({run['end_reason']}) in {run['round']} rounds: {run['answer']}")
+    print(f"   (reach runs show {run['run_id']} prints the whole conversation)", flush=True)
 
 
 async def _ended(client: httpx.AsyncClient, task_id: str, *, within: float) -> dict[str, Any]:

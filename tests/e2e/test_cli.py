@@ -21,8 +21,10 @@ def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
         dev = c.dev("dev", tools=_no_extra_tools(tmp_path), extra=["--demo"])
         wait_until(lambda: "Press Ctrl-C to stop" in dev.output(), within=60, what="the demo")
         with api(dev) as client:
-            tasks = client.get("/v1/tasks").json()["tasks"]
+            listed = client.get("/v1/tasks").json()["tasks"]
+            tasks = [t for t in listed if not t["goal"].startswith("round ")]  # not the run's
             assert len(tasks) == 2
+            [run] = client.get("/v1/runs").json()["runs"]
             by_goal = {t["goal"]: client.get(f"/v1/tasks/{t['task_id']}").json() for t in tasks}
         rainy = next(t for g, t in by_goal.items() if "Wuhan" in g)
         dry = next(t for g, t in by_goal.items() if "Dubai" in g)
@@ -45,6 +47,12 @@ def test_demo_runs_both_branches_and_cli_talks_to_it(tmp_path: Path) -> None:
         assert {s["status"] for k, s in dry_steps.items() if k != "weather"} == {"skipped"}
         assert dry_steps["remind"]["receipt"]["error"]["code"] == "condition_false"
         assert rainy["status"] == dry["status"] == "succeeded"
+        # The same request as an agent run: the demo's model asked for the forecast, then the
+        # reminder, then answered with what the tools said.
+        assert (run["status"], run["end_reason"], run["round"]) == ("succeeded", "answered", 3)
+        assert "It will rain in Wuhan tomorrow" in run["answer"]
+        assert run["ungrounded_claims"] == []
+        assert "model calls reminder_create" in dev.output()
 
         # The key `reach dev` printed works like any other.
         [dev_key] = set(re.findall(r"ark_[0-9a-f]{12}_[A-Za-z0-9_-]{43}", dev.output()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import ToolSpec, openai_name
 
 Format = Literal["native", "openai", "openai_chat", "openai_responses", "anthropic", "mcp"]
@@ -131,6 +132,7 @@ SHAPES: dict[str, Callable[[ToolSpec], dict[str, Any]]] = {
 
 
 def tool_list(specs: Iterable[ToolSpec], format: str) -> list[dict[str, Any]]:
-    """The tools in one model API's shape (`format` a key of SHAPES)."""
+    """The tools in one model API's shape (`format` a key of SHAPES). An agent's model is no
+    tool a model may call (runs call it), so it is never listed."""
     shape = SHAPES[format]
-    return [shape(spec) for spec in specs]
+    return [shape(spec) for spec in specs if spec.connector != MODEL_CONNECTOR]
