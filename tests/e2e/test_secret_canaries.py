@@ -41,6 +41,7 @@ import yaml
 
 from agent_reach_controller.identity.pools import token_hash
 from tests.e2e.processes import Cluster, Proc, all_terminal, cluster, wait_until
+from tests.support.models import ScriptedModels, answer, call_tools, failure
 from tests.support.otlp import OtlpReceiver
 from tests.support.server import free_port
 from tests.support.sink import Delivery, Response, Sink
@@ -73,6 +74,15 @@ OUTCOMES: dict[str, tuple[list[Response], str]] = {
 CLOSED = "closed"  # the closed-port tool
 
 
+# The executor's variable holding the agent's model key (sent to the scripted model only).
+MODEL_KEY = "CANARY_MODEL_KEY"
+# What the scripted model answers: a run that calls a tool and answers, then one refused (401).
+MODEL_SCRIPT = (
+    call_tools([("canary_call", {"case": "plan-ok", "note": "from a run"})]),
+    answer("The call went through."),
+    failure(401),
+)
+
 SESSION = re.compile(r"xs_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
 
 
@@ -92,7 +102,7 @@ def spellings(value: str) -> set[str]:
     }
 
 
-def tools_file(directory: Path, sink_url: str, port: int) -> Path:
+def tools_file(directory: Path, sink_url: str, port: int, models_url: str) -> Path:
     secret = {name: f"${{env:{var}}}" for name, var in HTTP_SECRETS.items()}
 
     def tool(name: str, base: str, *, url_query: bool) -> dict[str, Any]:
@@ -136,7 +146,23 @@ def tools_file(directory: Path, sink_url: str, port: int) -> Path:
                     tool("canary.closed", f"http://127.0.0.1:{port}", url_query=True),
                     tool("canary.query", sink_url, url_query=False),
                     tool("canary.query_closed", f"http://127.0.0.1:{port}", url_query=False),
-                ]
+                ],
+                # An agent whose model key is a canary: its runs, conversation, events and
+                # errors are searched like everything else.
+                "agents": [
+                    {
+                        "name": "canary.agent",
+                        "endpoint": {
+                            "kind": "openai_chat",
+                            "base_url": models_url,
+                            "api_key": f"${{env:{MODEL_KEY}}}",
+                            "allow_hosts": ["127.0.0.1"],
+                        },
+                        "model": "scripted-1",
+                        "tools": ["canary.call"],
+                        "retry": {"maximum_attempts": 1},
+                    }
+                ],
             }
         )
     )
@@ -212,6 +238,7 @@ class Canaries:
     db_password: str | None  # None when the DSN cannot carry one
     # The executor's pool token: the controller holds only its hash (a provisioning file).
     executor_token: str = ""
+    model_key: str = ""  # the agent's model key: the executor's, sent to the model only
 
     @classmethod
     def new(cls, *, db_password: bool) -> Canaries:
@@ -224,6 +251,7 @@ class Canaries:
             wrong_key=canary("wrongkey"),
             db_password=canary("dbpass") if db_password else None,
             executor_token=canary("executor-token"),
+            model_key=canary("model-key"),
         )
 
     def everything(self) -> dict[str, str]:
@@ -231,13 +259,15 @@ class Canaries:
             "admin_key": self.admin_key,
             "wrong_key": self.wrong_key,
             "executor_token": self.executor_token,
+            "model_key": self.model_key,
         }
         if self.db_password is not None:
             others["db_password"] = self.db_password
         return {**self.http, **others}
 
     def executor_env(self) -> dict[str, str]:
-        return {HTTP_SECRETS[name]: value for name, value in self.http.items()}
+        http = {HTTP_SECRETS[name]: value for name, value in self.http.items()}
+        return http | {MODEL_KEY: self.model_key}
 
     def occurrences(self, text: str) -> list[str]:
         """`name (spelling)` for every canary spelling found in `text` (case-insensitively)."""
@@ -266,6 +296,23 @@ def script_sink(sink: Sink, secrets: Canaries) -> None:
                 )
                 responses = [Response(status=302, headers=(("Location", location),))]
             sink.script(f"/{prefix}-{outcome}/p/{http['url_path']}", responses)
+
+
+def exercise_runs(client: httpx.Client, seen: Seen) -> None:
+    """A run that calls a tool and answers, and one whose model refuses the key (401); every
+    view of them read back: the run, its conversation, its events, the list, the agent."""
+    for expected in ("succeeded", "failed"):
+        body = {"agent": "canary.agent", "input": "Call the downstream once."}
+        started = seen.record("start run", client.post("/v1/runs", params={"wait": 60}, json=body))
+        assert started.status_code == 200, started.text
+        run = seen.record("run", client.get(f"/v1/runs/{started.json()['run_id']}")).json()
+        assert run["status"] == expected, run
+        events = client.get(f"/v1/runs/{run['run_id']}/events", timeout=30)
+        assert "event: end" in seen.record("run events", events).text
+    assert run["error"]["code"] == "unauthorized", run
+    seen.record("runs", client.get("/v1/runs"))
+    seen.record("agent", client.get("/v1/agents/canary.agent"))
+    seen.record("agents", client.get("/v1/agents"))
 
 
 @dataclass
@@ -330,6 +377,7 @@ def exercise(proc: Proc, secrets: Canaries, seen: Seen) -> Run:
             listed = seen.record(f"tools {fmt}", client.get("/v1/tools", params={"format": fmt}))
             assert listed.status_code == 200
         seen.record("breakers", client.get("/v1/tools/breakers"))
+        exercise_runs(client, seen)
         # Errors: an unknown task, an invalid plan, and a wrong key (which must not be echoed).
         assert seen.record("404", client.get("/v1/tasks/nope")).status_code == 404
         bad = {"steps": [{"step_id": "x", "tool": "canary.call", "args": {"case": 1}}]}
@@ -424,9 +472,9 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
     if secrets.db_password is not None:
         database_url = with_password(postgres_url, secrets.db_password)
     seen = Seen()
-    with Sink() as sink, OtlpReceiver() as otlp:
+    with Sink() as sink, OtlpReceiver() as otlp, ScriptedModels(MODEL_SCRIPT) as models:
         script_sink(sink, secrets)
-        tools = tools_file(tmp_path, sink.url, free_port())
+        tools = tools_file(tmp_path, sink.url, free_port(), models.url)
         with cluster(tmp_path) as c:
             # Both processes export every span, to be searched too.
             c.env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
@@ -460,6 +508,7 @@ def test_secret_canaries_never_leak_from_a_cluster(postgres_url: str, tmp_path: 
             stop(c)  # every process flushes its logs and spans before they are read
         deliveries = sink.requests()
         spans = otlp.spans()
+        assert_model_got_its_key(models, secrets)
     assert any(s.name.startswith("execute_tool") for s in spans), "no executor span arrived"
     for span in spans:
         seen.add(f"trace {span.service} {span.name}", json.dumps(asdict(span)))
@@ -483,19 +532,27 @@ def test_secret_canaries_never_leak_from_reach_dev(tmp_path: Path) -> None:
         "AGENT_REACH_CONTROLLER_LOG_LEVEL": "DEBUG",
         **secrets.executor_env(),
     }
-    with Sink() as sink:
+    with Sink() as sink, ScriptedModels(MODEL_SCRIPT) as models:
         script_sink(sink, secrets)
-        tools = tools_file(tmp_path, sink.url, free_port())
+        tools = tools_file(tmp_path, sink.url, free_port(), models.url)
         with cluster(tmp_path, env=env) as c:
             dev = c.dev("dev", tools=tools)
             run = exercise(dev, secrets, seen)
             stop(c)
         deliveries = sink.requests()
+        assert_model_got_its_key(models, secrets)
     assert '"level": "debug"' in dev.output(), "the dev process should log at DEBUG"
     for table, row in sqlite_rows(db):
         seen.add(f"db {table}", row)
     summary = check(run, secrets, seen, deliveries, tmp_path)
     print(f"reach dev: {summary}; {time.monotonic() - started:.1f}s")
+
+
+def assert_model_got_its_key(models: ScriptedModels, secrets: Canaries) -> None:
+    """The model, and only it, got the model key (proof the canary was really used)."""
+    assert len(models.headers_seen) == 3, models.requests
+    for headers in models.headers_seen:
+        assert headers.get("authorization") == f"Bearer {secrets.model_key}"
 
 
 def stop(c: Cluster) -> None:
