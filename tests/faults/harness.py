@@ -114,21 +114,71 @@ class FaultCluster(Cluster):
         return proc
 
     def start_executor(
-        self, name: str, *, grpc: str, slots: int, env: dict[str, str] | None = None
+        self,
+        name: str,
+        *,
+        grpc: str,
+        slots: int,
+        env: dict[str, str] | None = None,
+        connectors: str = "http",
     ) -> Proc:
         """An executor whose id is `name`; its http calls carry `X-Executor: name`.
 
         `grpc` may list several controllers (`a:1,b:2`): the executor uses every one.
+        `connectors`: those it runs, comma-separated.
         """
         proc = self.spawn(
             name,
-            ["executor", "--controller", grpc, "--slots", str(slots), "--connectors", "http"],
+            ["executor", "--controller", grpc, "--slots", str(slots), "--connectors", connectors],
             {
                 "AGENT_REACH_EXECUTOR_EXECUTOR_ID": name,
                 "FAULTS_EXECUTOR": name,
                 **(env or {}),
             },
         )
+        proc.info["executor_id"] = name
+        return proc
+
+    def start_dev(
+        self,
+        name: str,
+        *,
+        database_url: str,
+        tools: Path,
+        env: dict[str, str] | None = None,
+        lease_s: float = LEASE_S,
+    ) -> Proc:
+        """`reach dev` (controller and executor in one process) whose executor's id is `name`
+        (its http calls carry `X-Executor: name`), on `database_url` (SQLite)."""
+        ready = self.workdir / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)
+        proc = self.spawn(
+            name,
+            [
+                "dev",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                "127.0.0.1:0",
+                "--database-url",
+                database_url,
+                "--tools",
+                str(tools),
+                "--ready-file",
+                str(ready),
+                "--lease-seconds",
+                str(lease_s),
+                "--log-format",
+                "json",
+            ],
+            {
+                "AGENT_REACH_CONTROLLER_BOOTSTRAP_KEY": API_KEY,
+                "AGENT_REACH_EXECUTOR_EXECUTOR_ID": name,
+                "FAULTS_EXECUTOR": name,
+                **(env or {}),
+            },
+        )
+        self._await_ready_file(proc, ready)
         proc.info["executor_id"] = name
         return proc
 
@@ -432,11 +482,20 @@ class Api:
         )
         return response.status_code
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        response = self._client().post(f"{self.urls[0]}{path}", json=body)
-        self.history.record("answer", method="POST", path=path, status=response.status_code)
-        if response.status_code != 200:
-            raise AssertionError(f"POST {path} answered {response.status_code}: {response.text}")
+    def post(self, path: str, body: dict[str, Any], *, expect: Sequence[int] = (200,)) -> Any:
+        return self._send("POST", path, body, expect)
+
+    def put(self, path: str, body: dict[str, Any], *, expect: Sequence[int] = (200, 201)) -> Any:
+        return self._send("PUT", path, body, expect)
+
+    def _send(self, method: str, path: str, body: dict[str, Any], expect: Sequence[int]) -> Any:
+        """One call to the first controller, recorded; an answer not in `expect` raises."""
+        response = self._client().request(method, f"{self.urls[0]}{path}", json=body)
+        self.history.record("answer", method=method, path=path, status=response.status_code)
+        if response.status_code not in expect:
+            raise AssertionError(
+                f"{method} {path} answered {response.status_code}: {response.text}"
+            )
         return response.json()
 
 

@@ -9,6 +9,11 @@ Without a script it plays a two-turn agent loop (the examples' test): asked firs
 tools in `CALLS`; given their results, it answers with a sentence quoting them. A reply is a
 `Reply`: text, tool calls and usage, or a misbehaviour (an error status, a redirect, a gzip body,
 padding past a size cap, a cut tool call, arguments that are not JSON, another dialect).
+
+For crash tests: `replay=True` answers a request it has seen before (same path, same body) with
+the reply it gave then, as a model at temperature 0 would, so a call made again after a kill
+does not take the script's next reply; `hold(after=n)` keeps every request after the n-th
+waiting, once recorded, until `release()` (a model call in flight for as long as a test needs).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tests.support.server import HttpServer
+
+# The longest a held request waits for `release()` before it is answered anyway.
+HOLD_LIMIT_S = 120.0
 
 # The calls the model makes on its first turn: (tool name as the model sees it, arguments).
 CALLS = [("echo_say", {"text": "hi"}), ("echo_say", {"text": 5})]
@@ -286,6 +294,11 @@ class _Server(ThreadingHTTPServer):
     headers_seen: list[dict[str, str]]
     script: list[Reply] | None
     lock: threading.Lock
+    replay: bool
+    given: dict[str, Reply]  # with replay: what each request (path and body) was answered
+    hold_after: int | None  # requests after this many wait for `released`
+    held: int
+    released: threading.Event
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -300,10 +313,12 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.requests.append((self.path, body))
             self.server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
-            script = self.server.script
-            reply = (
-                agent_loop(path, body) if script is None else (script.pop(0) if script else None)
+            reply = self._reply(path, body)
+            hold = self.server.hold_after is not None and (
+                len(self.server.requests) > self.server.hold_after
             )
+        if hold:
+            self._wait_release()
         if reply is None:
             self._send(500, json.dumps(_error_body(500)).encode(), ())
             return
@@ -321,6 +336,27 @@ class _Handler(BaseHTTPRequestHandler):
             payload = gzip.compress(payload, compresslevel=9)
             headers = (*headers, ("Content-Encoding", "gzip"))
         self._send(200, payload, headers)
+
+    def _reply(self, path: str, body: dict[str, Any]) -> Reply | None:
+        """The next reply (with the server's lock held); with replay, the one given before."""
+        server = self.server
+        seen = path + json.dumps(body, sort_keys=True)
+        if server.replay and seen in server.given:
+            return server.given[seen]
+        script = server.script
+        reply = agent_loop(path, body) if script is None else (script.pop(0) if script else None)
+        if server.replay and reply is not None:
+            server.given[seen] = reply
+        return reply
+
+    def _wait_release(self) -> None:
+        with self.server.lock:
+            self.server.held += 1
+        try:
+            self.server.released.wait(HOLD_LIMIT_S)
+        finally:
+            with self.server.lock:
+                self.server.held -= 1
 
     def _send(self, status: int, payload: bytes, headers: Sequence[tuple[str, str]]) -> None:
         self.send_response(status)
@@ -340,10 +376,11 @@ class ScriptedModels(HttpServer):
 
     `script`: the replies, each given once, in order (a request past its end answers 500);
     None: the unscripted agent loop. `requests` holds (path, body) of every request received,
-    `headers_seen` their headers (lower-case names), in order.
+    `headers_seen` their headers (lower-case names), in order. `replay`: a request seen before
+    is answered as it was then, without taking a reply from the script.
     """
 
-    def __init__(self, script: Iterable[Reply] | None = None) -> None:
+    def __init__(self, script: Iterable[Reply] | None = None, *, replay: bool = False) -> None:
         super().__init__(_Handler, server_class=_Server, name="models", poll_interval=0.05)
         assert isinstance(self._server, _Server)
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -353,6 +390,39 @@ class ScriptedModels(HttpServer):
         self._server.headers_seen = self.headers_seen
         self._server.script = self.script
         self._server.lock = threading.Lock()
+        self._server.replay = replay
+        self._server.given = {}
+        self._server.hold_after = None
+        self._server.held = 0
+        self._server.released = threading.Event()
+
+    @property
+    def _state(self) -> _Server:
+        assert isinstance(self._server, _Server)
+        return self._server
+
+    def hold(self, *, after: int = 0) -> None:
+        """Requests after the first `after` ever received wait, once recorded and their reply
+        chosen, until `release()` (or the server stops, or `HOLD_LIMIT_S` passes)."""
+        with self._state.lock:
+            self._state.released.clear()
+            self._state.hold_after = after
+
+    def release(self) -> None:
+        """Answer the held requests, and hold no more."""
+        with self._state.lock:
+            self._state.hold_after = None
+            self._state.released.set()
+
+    @property
+    def held(self) -> int:
+        """How many requests are waiting for `release()` now."""
+        with self._state.lock:
+            return self._state.held
+
+    def _stop(self) -> None:
+        self.release()  # a held handler would keep the server from closing
+        super()._stop()
 
     @property
     def root(self) -> str:
