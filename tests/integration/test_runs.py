@@ -530,3 +530,17 @@ async def test_a_hostile_model_endpoint_gives_a_bounded_recorded_end(
     if status == "failed":
         assert done["error"]["message"]
         assert KEY not in str(done)
+
+
+async def test_a_model_endpoint_outside_the_profiles_destinations_is_never_called(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("never")]) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            fenced = profile(models)
+            fenced["endpoint"] |= {"destinations": ["models.example"]}
+            await put_agent(api, "helper", fenced)
+            done = await run(api, {"agent": "helper", "input": "Go."})
+    assert (done["status"], done["end_reason"]) == ("failed", "model_failed")
+    assert done["error"]["code"] == "destination_refused", done["error"]
+    assert models.count() == 0

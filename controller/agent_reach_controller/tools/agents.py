@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agent_reach.destinations import Destinations
 from agent_reach_controller.tools.catalog import (
     BreakerPolicy,
     RateLimit,
@@ -44,7 +45,20 @@ class Endpoint(BaseModel):
         description="A `${env:NAME}` reference, resolved on the executor; never a key itself",
     )
     allow_hosts: list[str] = Field(default_factory=list, max_length=64)
+    destinations: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Host names (or `*.suffix`) the model endpoint may be reached at",
+    )
     max_reply_bytes: int | None = Field(default=None, ge=1024, le=64 * 1024 * 1024)
+
+    @field_validator("destinations")
+    @classmethod
+    def _destinations_parse(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            Destinations.parse(value)  # a ValueError names the bad entry
+        return value
 
     @field_validator("api_key")
     @classmethod
