@@ -318,7 +318,16 @@ async def test_a_dangerous_call_pauses_the_run_for_approval_and_nothing_runs_twi
             await put_agent(api, "payer", profile(models, tools=["pay.*"]))
             run_id = await started(api, {"agent": "payer", "input": "Pay 5 dollars."})
             waiting = await step_of(c, api, run_id, "awaiting_approval")
-            assert (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "running"
+            paused = (await api.get(f"/v1/runs/{run_id}")).json()
+            assert paused["status"] == "waiting"
+            assert paused["waiting_for"] == [
+                {
+                    "task_id": waiting.task_id,
+                    "step_id": waiting.step_id,
+                    "tool": "pay.send",
+                    "status": "awaiting_approval",
+                }
+            ]
             approver = await key_for(c, roles=("approver",), name="carol")
             decided = await api.post(
                 f"/v1/tasks/{waiting.task_id}/steps/{waiting.step_id}/approval",
@@ -344,6 +353,9 @@ async def test_an_unknown_outcome_waits_for_a_person_then_the_model_reads_the_ve
             run_id = await started(api, {"agent": "wirer", "input": "Wire acme."})
             unknown = await step_of(c, api, run_id, "outcome_unknown")
             assert models.count() == 1
+            paused = (await api.get(f"/v1/runs/{run_id}")).json()
+            assert paused["status"] == "waiting"
+            assert [w["status"] for w in paused["waiting_for"]] == ["outcome_unknown"]
             resolved = await api.post(
                 f"/v1/tasks/{unknown.task_id}/steps/{unknown.step_id}/resolve",
                 json={"action": "failed", "reason": "the bank has no such wire"},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
@@ -23,7 +23,13 @@ from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant
 from agent_reach_controller.api.serving import ShuttingDownError
 from agent_reach_controller.api.tasks import Deps
-from agent_reach_controller.domain.records import ENDED_RUN_STATES, RunMessage, RunRow
+from agent_reach_controller.domain.records import (
+    ENDED_RUN_STATES,
+    RunMessage,
+    RunRow,
+    RunStatus,
+    StepRow,
+)
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
@@ -81,12 +87,23 @@ class TokensOut(BaseModel):
     cached: int
 
 
+class WaitingOut(BaseModel):
+    task_id: str
+    step_id: str
+    tool: str
+    status: str = Field(description="awaiting_approval or outcome_unknown")
+
+
 class RunOut(BaseModel):
     run_id: str
     trace_id: str
     agent: str
     agent_version: str
-    status: str = Field(description="running, succeeded, failed or cancelled")
+    status: str = Field(
+        description="running; waiting (a step of its round waits for an approval or a verdict: "
+        "see waiting_for); succeeded, failed or cancelled"
+    )
+    waiting_for: list[WaitingOut] = Field(default_factory=list)
     end_reason: str | None = Field(
         None,
         description="answered, max_rounds, budget_exhausted, loop_detected, deadline_exceeded, "
@@ -117,13 +134,19 @@ class RunList(BaseModel):
     runs: list[RunOut]
 
 
-def _out(run: RunRow, messages: list[RunMessage] | None = None) -> dict[str, Any]:
+def _out(
+    run: RunRow, messages: list[RunMessage] | None = None, waiting: Sequence[StepRow] = ()
+) -> dict[str, Any]:
     return RunOut(
         run_id=run.run_id,
         trace_id=run.trace_id,
         agent=run.agent,
         agent_version=run.agent_version,
-        status=run.status,
+        status=RunStatus.WAITING if waiting else run.status,
+        waiting_for=[
+            WaitingOut(task_id=s.task_id, step_id=s.step_id, tool=s.tool, status=s.status)
+            for s in waiting
+        ],
         end_reason=run.end_reason,
         round=run.round,
         task_id=run.task_id,
@@ -252,7 +275,7 @@ async def get_run(run_id: str, deps: Deps, who: Caller, wait: WaitQuery = 0) -> 
     if wait > 0:
         run = await _waited(deps, run, wait)
         run, messages = await deps.runs.read(run_id, who.tenant)
-    return JSONResponse(_out(run, messages))
+    return JSONResponse(_out(run, messages, await deps.runs.waiting_for(run)))
 
 
 RUN_EVENTS_OK: dict[int | str, dict[str, Any]] = {

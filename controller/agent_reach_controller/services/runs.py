@@ -45,6 +45,8 @@ from agent_reach_controller.storage import steps as store
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, Limits, profile_of
 from agent_reach_controller.tools.catalog import ToolSpec
 
+# What a run waits for a person on (RunStatus.WAITING, shown while a step of its round is so).
+_A_PERSONS = frozenset({StepStatus.AWAITING_APPROVAL, StepStatus.OUTCOME_UNKNOWN})
 # The step of a round that calls the model (a tool call's id never takes it: see number_calls).
 MODEL_STEP = "model"
 
@@ -237,6 +239,15 @@ class RunService:
             if run is None or run.tenant != tenant:
                 raise RunNotFoundError(run_id)
             return run, (await run_store.load_messages(conn, [run_id]))[run_id]
+
+    async def waiting_for(self, run: RunRow) -> list[StepRow]:
+        """The steps of a running run's round that wait for a person: an approval, or a
+        verdict on an outcome nobody knows."""
+        if run.status in ENDED_RUN_STATES or run.task_id is None:
+            return []
+        async with self._work.db.transaction() as conn:
+            steps = await store.load_steps(conn, [run.task_id])
+        return [s for s in steps if s.status in _A_PERSONS]
 
     async def listed(self, tenant: str, *, limit: int, before: str | None) -> list[RunRow]:
         async with self._work.db.transaction() as conn:
