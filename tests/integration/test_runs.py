@@ -61,6 +61,7 @@ WIRE = {
     "retry": {"maximum_attempts": 1},
     "input_schema": {"type": "object"},
 }
+WIRE_TOLD = WIRE | {"name": "wire.told", "if_unknown": "tell_model"}
 LEDGER = {
     "name": "ledger.post",
     "description": "Posts to an account, which must come from what the model was given.",
@@ -101,7 +102,7 @@ async def stack(
     monkeypatch.setenv(KEY_VARIABLE, KEY)
     settings = ControllerSettings(
         database_url=database_url,
-        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, LEDGER, SECRET_TOOL])],
+        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, WIRE_TOLD, LEDGER, SECRET_TOOL])],
         http="127.0.0.1:0",
         grpc="127.0.0.1:0",
     )
@@ -556,3 +557,26 @@ async def test_a_model_endpoint_outside_the_profiles_destinations_is_never_calle
     assert (done["status"], done["end_reason"]) == ("failed", "model_failed")
     assert done["error"]["code"] == "destination_refused", done["error"]
     assert models.count() == 0
+
+
+async def test_a_tool_may_have_its_unknown_outcome_told_to_the_model_instead_of_a_person(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("wire_told", {"to": "acme"})]), answer("I could not confirm it.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "wirer", profile(models, tools=["wire.*"]))
+            done = await run(api, {"agent": "wirer", "input": "Wire acme."})
+            [first_round] = [
+                t
+                for t in (await c.queries.list_tasks(tenant="default", limit=10))
+                if t.goal and t.goal.startswith("round 1 ")
+            ]
+            wired = await c.queries.get(first_round.task_id)
+    assert done["status"] == "succeeded", done
+    [_, (_, second)] = models.requests
+    [result] = [m for m in second["messages"] if m["role"] == "tool"]
+    assert "unverified" in result["content"]
+    assert "may or may not have taken effect" in result["content"]
+    [wire] = [s for s in wired.steps if s.tool == "wire.told"]
+    assert (wire.status.value, wire.attempt) == ("failed", 1)  # never run again by itself

@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent_reach_controller.domain.records import RunRow
+from agent_reach.errors import ErrorCode
+from agent_reach.states import Transition
+from agent_reach_controller.decide.outcomes import terminal_values
+from agent_reach_controller.domain.records import RunRow, StepChange, StepRow
 from agent_reach_controller.tools.agents import Limits, Prices
+from agent_reach_controller.tools.catalog import ToolSpec
 
 # The same tool with the same arguments this many times in one run ends it (`loop_detected`).
 LOOP_REPEATS = 3
@@ -204,3 +208,22 @@ def stage_note(run: RunRow, limits: Limits, *, goal: str) -> str:
     if rounds >= limits.max_rounds:
         parts.append("This is the last round: answer now with what you have.")
     return " ".join(p for p in parts if p)
+
+
+UNVERIFIED = (
+    "its outcome is unknown: it may or may not have taken effect. Do not call it again before "
+    "checking whether it did"
+)
+
+
+def told_unverified(step: StepRow, tool: ToolSpec, *, now: datetime) -> StepChange:
+    """A run's call whose outcome is unknown, ended for its model to read (the tool's
+    `if_unknown: tell_model`): failed, `unverified`, never run again by itself."""
+    error = {"code": ErrorCode.UNVERIFIED.value, "message": UNVERIFIED, "retryable": False}
+    values = terminal_values(
+        step, tool=tool, transition=Transition.RESOLVE_FAILED, now=now, error=error
+    )
+    verdict = {"by": "agent-reach (if_unknown: tell_model)", "action": "unverified"}
+    return StepChange(
+        step=step, transition=Transition.RESOLVE_FAILED, values=values, event_data=verdict
+    )

@@ -401,6 +401,16 @@ class RunService:
         if refused:
             await tx.change(refused)
 
+    async def outcome_unknown(self, tx: TaskWork, step: StepRow) -> None:
+        """A call of a run's round whose outcome is unknown: by its tool's `if_unknown`, the run
+        waits for a person (nothing to do), or the call ends `unverified` for the model to read,
+        never run again by itself."""
+        tool = tx.tool(step)
+        if tool.if_unknown != "tell_model":
+            return
+        now_unknown = replace(step, status=StepStatus.OUTCOME_UNKNOWN)
+        await tx.change([rules.told_unverified(now_unknown, tool, now=tx.now)])
+
     async def round_ended(self, tx: TaskWork, task: TaskRow, status: TaskStatus) -> None:
         """A round's task ended: its receipts go back to the model in a next round, unless the
         run must end (the model's call failed, a limit, the deadline, a cancel)."""

@@ -62,6 +62,8 @@ class RunHooks(Protocol):
 
     async def model_answered(self, tx: TaskWork, step: StepRow, output: Any) -> None: ...
 
+    async def outcome_unknown(self, tx: TaskWork, step: StepRow) -> None: ...
+
     async def round_ended(self, tx: TaskWork, task: TaskRow, status: TaskStatus) -> None: ...
 
 
@@ -137,10 +139,18 @@ class TaskWork:
         runs = self._work.runs
         if runs is not None and moved:
             for c in changes:
-                answered = c.step.connector == MODEL_CONNECTOR and c.step.id in moved
-                if answered and target_of(c.transition) == StepStatus.SUCCEEDED:
+                if c.step.id not in moved:
+                    continue
+                after = target_of(c.transition)
+                if c.step.connector == MODEL_CONNECTOR and after == StepStatus.SUCCEEDED:
                     await runs.model_answered(self, c.step, c.values.get("output"))
+                elif after == StepStatus.OUTCOME_UNKNOWN and self._in_run(c.step):
+                    await runs.outcome_unknown(self, c.step)
         return moved
+
+    def _in_run(self, step: StepRow) -> bool:
+        task = self.tasks.get(step.task_id)
+        return task is not None and task.run_id is not None
 
     async def request_cancel(self, task: TaskRow) -> None:
         """Mark a locked task cancelled: its next advance settles it so."""

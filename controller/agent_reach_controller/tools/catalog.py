@@ -214,6 +214,7 @@ EffectClass = Annotated[str, Field(pattern=EFFECT_CLASS)]
 # Fields added after tools were first stored: left out of `version` while at their default, so
 # tools that do not use them keep the version (and the pinned tasks) they had.
 _VERSIONED_WHEN_SET = (
+    "if_unknown",
     "effects",
     "cost",
     "redact",
@@ -432,6 +433,10 @@ class ToolSpec(BaseModel):
     verify: Verify | None = None
     # The model's arguments as the downstream wants them (see ArgMap).
     map_args: ArgMap | None = None
+    # In an agent run, a call whose outcome is unknown: the run waits for a person's verdict
+    # (None, the default, as a task does), or `tell_model`: the call ends `unverified` at once
+    # and the model reads that its effect may or may not have happened.
+    if_unknown: Literal["tell_model"] | None = None
     enabled: bool = True
 
     @field_validator("input_schema")
