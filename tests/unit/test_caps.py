@@ -76,7 +76,7 @@ def test_tools_without_effects_keep_the_version_they_had() -> None:
     before = plain.model_dump(mode="json")
     added_since = (
         *("effects", "cost", "redact", "fan_out", "verify", "map_args"),
-        *("exempt_from_prod_approval", "sandbox"),
+        *("exempt_from_prod_approval", "sandbox", "if_unknown"),
     )
     for later in added_since:
         del before[later]
@@ -86,6 +86,7 @@ def test_tools_without_effects_keep_the_version_they_had() -> None:
     assert tool(cost=1).version != plain.version
     assert tool(redact=["token"]).version != plain.version
     assert tool(sandbox={"url": "https://sandbox.example"}).version != plain.version
+    assert tool(if_unknown="tell_model").version != plain.version
 
 
 # --- what a call charges -------------------------------------------------------------------------
