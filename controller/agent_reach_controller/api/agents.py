@@ -92,7 +92,7 @@ async def get_agent(name: str, deps: Deps, who: Caller) -> Response:
 @router.put(
     "/{name}",
     response_model=AgentOut,
-    responses=problem_responses(400, 403, 409, 412),
+    responses=problem_responses(400, 403, 409, 412, 413, 422),
     summary="Create or replace an agent profile (a new version; the same one changes nothing)",
 )
 async def put_agent(

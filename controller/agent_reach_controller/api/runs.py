@@ -215,7 +215,7 @@ WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait f
     "",
     status_code=202,
     response_model=RunOut,
-    responses=problem_responses(403, 404, 413, 422),
+    responses=problem_responses(400, 403, 404, 413, 422),
     summary="Start an agent run (202; 200 when it ended within ?wait)",
 )
 async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
@@ -363,7 +363,7 @@ def _sse(kind: str, data: Any, *, event_id: int | None = None) -> bytes:
     "/{run_id}/messages",
     status_code=202,
     response_model=RunOut,
-    responses=problem_responses(404, 409, 422),
+    responses=problem_responses(400, 404, 409, 413, 422),
     summary="Continue a run that ended: the caller's next message starts a new turn",
 )
 async def continue_run(
