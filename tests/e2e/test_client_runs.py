@@ -88,5 +88,5 @@ async def test_the_async_client_limits_a_run_and_cancels_one(dev: Proc) -> None:
             with pytest.raises(ProblemError) as looser:
                 await reach.start_run("payer", "x", limits={"max_rounds": 50})
             assert looser.value.status == 422
-            assert looser.value.errors[0]["pointer"] == "/limits"
+            assert looser.value.errors[0]["pointer"] == "/body/limits"
             await reach.delete_agent("payer")

@@ -96,7 +96,7 @@ def profile(models: ScriptedModels, kind: str = "openai_chat", **more: Any) -> d
 
 @contextlib.asynccontextmanager
 async def stack(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **more: Any
 ) -> AsyncIterator[tuple[Components, httpx.AsyncClient]]:
     """A controller, an executor hosting `echo` and `model`, and an admin's API client."""
     monkeypatch.setenv(KEY_VARIABLE, KEY)
@@ -105,6 +105,7 @@ async def stack(
         tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, WIRE_TOLD, LEDGER, SECRET_TOOL])],
         http="127.0.0.1:0",
         grpc="127.0.0.1:0",
+        **more,
     )
     async with running_controller(settings) as (c, bound):
         _, token = await c.pools.create(name="pool", created_by="test")
@@ -282,7 +283,7 @@ async def test_bad_run_input_is_a_problem_document(
     assert unknown.headers["content-type"] == "application/problem+json"
     assert subject.status_code == 422, subject.text
     assert looser.status_code == 422, looser.text
-    assert looser.json()["errors"][0]["pointer"] == "/limits"
+    assert looser.json()["errors"][0]["pointer"] == "/body/limits"
     assert plain_key.status_code == 422, plain_key.text
     assert KEY not in plain_key.text
     assert as_a_plan.status_code == 422, as_a_plan.text
@@ -580,3 +581,59 @@ async def test_a_tool_may_have_its_unknown_outcome_told_to_the_model_instead_of_
     assert "may or may not have taken effect" in result["content"]
     [wire] = [s for s in wired.steps if s.tool == "wire.told"]
     assert (wire.status.value, wire.attempt) == ("failed", 1)  # never run again by itself
+
+
+async def test_a_run_takes_only_the_tools_its_caller_may_use(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "roles:\n"
+        "  admin: [{tools: '*', actions: [submit, approve, admin]}]\n"
+        "  helper-user:\n"
+        "    - {tools: 'helper*', actions: [submit]}\n"
+        "    - {tools: 'echo.*', actions: [submit]}\n"
+    )
+    with ScriptedModels([answer("ok")]) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch, policy=policy) as (c, api):
+            await put_agent(api, "helper", profile(models, tools=["*"]))
+            await put_agent(api, "helper-vault", profile(models, tools=["echo.*", "vault.read"]))
+            user = await key_for(c, roles=("helper-user",), name="ann")
+            cut = await api.post(
+                "/v1/runs?wait=30", json={"agent": "helper", "input": "Hi."}, headers=user
+            )
+            named = await api.post(
+                "/v1/runs", json={"agent": "helper-vault", "input": "Hi."}, headers=user
+            )
+            profile_write = await api.put("/v1/agents/helper", json=profile(models), headers=user)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["tools"] == ["echo.say"]  # `*`, cut to what ann may submit
+    assert named.status_code == 403, named.text
+    assert "vault.read" in named.json()["detail"]
+    assert profile_write.status_code == 403, profile_write.text  # as privileged as a tool
+
+
+async def test_run_input_of_the_wrong_type_or_size_is_a_problem_document(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([]) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            answers = {
+                "context": await api.post(
+                    "/v1/runs", json={"agent": "helper", "input": "x", "context": "nope"}
+                ),
+                "huge": await api.post(
+                    "/v1/runs", json={"agent": "helper", "input": "x" * 300_000}
+                ),
+                "no messages": await api.post("/v1/runs", json={"agent": "helper", "input": []}),
+                "not json": await api.post(
+                    "/v1/runs", content=b"{", headers={"Content-Type": "application/json"}
+                ),
+            }
+    for name, answer_ in answers.items():
+        assert answer_.status_code in (400, 413, 422), (name, answer_.text)
+        assert answer_.headers["content-type"] == "application/problem+json", name
+    assert answers["context"].json()["errors"][0]["pointer"] == "/body/context"
+    assert answers["no messages"].json()["errors"][0]["pointer"] == "/body/input"
+    assert models.count() == 0

@@ -191,7 +191,7 @@ def _messages(deps: Components, agent: str, given: str | list[dict[str, Any]]) -
     if isinstance(given, str):
         return [deps.runs.endpoint(spec).user(given)]
     if not given or len(given) > MAX_INPUT_MESSAGES:
-        raise RunInputError("/input", f"give 1 to {MAX_INPUT_MESSAGES} messages")
+        raise RunInputError("/body/input", f"give 1 to {MAX_INPUT_MESSAGES} messages")
     return given
 
 
@@ -225,7 +225,7 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
     try:
         limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
     except (ValueError, ValidationError) as exc:
-        raise RunInputError("/limits", _said(exc)) from exc
+        raise RunInputError("/body/limits", _said(exc)) from exc
     run = await deps.runs.start(
         StartRun(
             agent=body.agent,
