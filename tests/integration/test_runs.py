@@ -165,6 +165,7 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
         async with stack(database_url, tmp_path, monkeypatch) as (c, api):
             await put_agent(api, "helper", profile(models, kind))
             done = await run(api, {"agent": "helper", "input": "Say hi and there."})
+            events = (await api.get(f"/v1/tasks/{done['task_id']}/events")).json()["events"]
             calls = c.metrics.total("agent_reach_model_calls_total", agent="helper")
             charged = c.metrics.total("agent_reach_model_tokens_total", kind="input")
             ended = c.metrics.total("agent_reach_runs_ended_total", reason="answered")
@@ -189,6 +190,11 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
     assert done["tokens"]["output"] > 0
     assert KEY not in str(done)
     assert (calls, charged, ended) == (2, done["tokens"]["input"], 1)
+    # Each model step records what it was charged, beside what its reply claimed.
+    [used] = [e["data"] for e in events if e["kind"] == "model_usage"]
+    assert used["round"] == 2
+    assert used["reported"]["input_tokens"] == 10  # the scripted reply's own figure
+    assert used["charged"]["input"] >= 10
 
 
 async def test_a_tool_the_run_may_not_use_is_refused_as_that_call(

@@ -40,6 +40,7 @@ from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.intake import IntakeService, SubmitInput, refusals, step_rows
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage import runs as run_store
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, Limits, profile_of
@@ -316,6 +317,21 @@ class RunService:
             "cached": usage.cached_tokens,
         }
         self._work.metrics.model_called(tx.conn, run.agent, profile.model, tokens, usage.cost)
+        reported = output.get("usage") if isinstance(output, dict) else None
+        charged = {"model": profile.model, "charged": tokens, "cost": usage.cost}
+        await event_log.append_events(
+            tx.conn,
+            [
+                event_log.NewEvent(
+                    task_id=step.task_id,
+                    step_id=step.step_id,
+                    kind="model_usage",
+                    attempt=step.attempt,
+                    data=charged | {"reported": reported, "round": run.round},
+                    created_at=tx.now,
+                )
+            ],
+        )
         try:
             reply = endpoint.read(output.get("reply") if isinstance(output, dict) else None)
         except ReplyError as exc:
