@@ -643,3 +643,18 @@ async def test_run_input_of_the_wrong_type_or_size_is_a_problem_document(
     assert answers["context"].json()["errors"][0]["pointer"] == "/body/context"
     assert answers["no messages"].json()["errors"][0]["pointer"] == "/body/input"
     assert models.count() == 0
+
+
+async def test_a_runs_deadline_ends_it_while_its_model_is_still_thinking(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("too late")]) as models:
+        models.hold()
+        async with stack(sqlite_url, tmp_path, monkeypatch, reap_interval_seconds=0.2) as (
+            _,
+            api,
+        ):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "Hi.", "limits": {"deadline": 1}})
+    assert (done["status"], done["end_reason"]) == ("failed", "deadline_exceeded")
+    assert done["answer"] is None

@@ -433,6 +433,10 @@ class RunService:
         run = await self._current(tx, task.task_id, task.run_id)
         if run is None:
             return
+        if run.deadline is not None and tx.now >= run.deadline:  # the round's task was ended
+            detail = "the run's deadline passed"
+            await self._end(tx, run, {}, RunStatus.FAILED, EndReason.DEADLINE_EXCEEDED, detail)
+            return
         if status == TaskStatus.CANCELLED:
             await self._end(tx, run, {}, RunStatus.CANCELLED, EndReason.CANCELLED, None)
             return
