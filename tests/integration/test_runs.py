@@ -658,3 +658,20 @@ async def test_a_runs_deadline_ends_it_while_its_model_is_still_thinking(
             done = await run(api, {"agent": "helper", "input": "Hi.", "limits": {"deadline": 1}})
     assert (done["status"], done["end_reason"]) == ("failed", "deadline_exceeded")
     assert done["answer"] is None
+
+
+async def test_starting_runs_is_held_to_a_callers_unfinished_tasks_like_a_submit(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("one"), answer("two")]) as models:
+        models.hold()
+        async with stack(
+            sqlite_url, tmp_path, monkeypatch, max_tasks_in_flight_per_principal=1
+        ) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            first = await api.post("/v1/runs", json={"agent": "helper", "input": "One."})
+            second = await api.post("/v1/runs", json={"agent": "helper", "input": "Two."})
+            models.release()
+    assert first.status_code == 202, first.text
+    assert second.status_code == 429, second.text
+    assert second.json()["code"] == "too_many_in_flight"

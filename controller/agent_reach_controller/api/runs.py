@@ -22,7 +22,7 @@ from agent_reach_controller.api.events import HEARTBEAT, EventStream, TooManyStr
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant
 from agent_reach_controller.api.serving import ShuttingDownError
-from agent_reach_controller.api.tasks import Deps
+from agent_reach_controller.api.tasks import Deps, TooManyInFlightError
 from agent_reach_controller.domain.records import (
     ENDED_RUN_STATES,
     RunMessage,
@@ -215,7 +215,7 @@ WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait f
     "",
     status_code=202,
     response_model=RunOut,
-    responses=problem_responses(400, 403, 404, 413, 422),
+    responses=problem_responses(400, 403, 404, 413, 422, 429),
     summary="Start an agent run (202; 200 when it ended within ?wait)",
 )
 async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
@@ -226,19 +226,25 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
         limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
     except (ValueError, ValidationError) as exc:
         raise RunInputError("/body/limits", _said(exc)) from exc
-    run = await deps.runs.start(
-        StartRun(
-            agent=body.agent,
-            input=_messages(deps, body.agent, body.input),
-            principal=who.name,
-            tenant=who.tenant,
-            key_id=who.key_id,
-            subject=body.subject,
-            context=body.context,
-            limits=limits.model_dump(),
-            tools=_tools(deps, who, profile),
-        )
+    start = StartRun(
+        agent=body.agent,
+        input=_messages(deps, body.agent, body.input),
+        principal=who.name,
+        tenant=who.tenant,
+        key_id=who.key_id,
+        subject=body.subject,
+        context=body.context,
+        limits=limits.model_dump(),
+        tools=_tools(deps, who, profile),
     )
+    # A run's first round is a task of its caller's: the same guards as a submit's.
+    per_caller = deps.settings.max_tasks_in_flight_per_principal
+    if per_caller is not None:
+        in_flight = await deps.queries.in_flight(who.tenant, who.name, up_to=per_caller)
+        if in_flight >= per_caller:
+            raise TooManyInFlightError(who.name, in_flight, per_caller)
+    with deps.admission.admit(1, limit=deps.settings.max_queued_steps):
+        run = await deps.runs.start(start)
     if wait > 0:
         run = await _waited(deps, run, wait)
     status = 200 if run.status in ENDED_RUN_STATES else 202
