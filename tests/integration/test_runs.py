@@ -166,6 +166,7 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
             await put_agent(api, "helper", profile(models, kind))
             done = await run(api, {"agent": "helper", "input": "Say hi and there."})
             events = (await api.get(f"/v1/tasks/{done['task_id']}/events")).json()["events"]
+            round_task = (await api.get(f"/v1/tasks/{done['task_id']}")).json()
             calls = c.metrics.total("agent_reach_model_calls_total", agent="helper")
             charged = c.metrics.total("agent_reach_model_tokens_total", kind="input")
             ended = c.metrics.total("agent_reach_runs_ended_total", reason="answered")
@@ -174,6 +175,12 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
     assert done["answer"] == "The echo said hi and there."
     assert done["round"] == 2
     assert models.count(path) == 2  # each completed model call reached the server once
+    assert [(r["round"], r["status"]) for r in done["rounds"]] == [
+        (1, "succeeded"),
+        (2, "succeeded"),
+    ]
+    assert done["rounds"][-1]["task_id"] == done["task_id"]
+    assert round_task["run_id"] == done["run_id"]  # the task links its run
     first, second = (body for _, body in models.requests)
     assert first["model"] == "scripted-1"
     # The second call carries the first reply and both tools' results.

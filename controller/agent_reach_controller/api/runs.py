@@ -87,6 +87,12 @@ class TokensOut(BaseModel):
     cached: int
 
 
+class RoundOut(BaseModel):
+    round: int
+    task_id: str = Field(description="The round's task: its steps, receipts, events and trace")
+    status: str
+
+
 class WaitingOut(BaseModel):
     task_id: str
     step_id: str
@@ -128,6 +134,9 @@ class RunOut(BaseModel):
     messages: list[dict[str, Any]] | None = Field(
         None, description="The conversation, entry by entry (on GET of one run)"
     )
+    rounds: list[RoundOut] | None = Field(
+        None, description="Each round's task, oldest first (on GET of one run)"
+    )
 
 
 class RunList(BaseModel):
@@ -135,7 +144,10 @@ class RunList(BaseModel):
 
 
 def _out(
-    run: RunRow, messages: list[RunMessage] | None = None, waiting: Sequence[StepRow] = ()
+    run: RunRow,
+    messages: list[RunMessage] | None = None,
+    waiting: Sequence[StepRow] = (),
+    rounds: Sequence[tuple[int, str, str]] | None = None,
 ) -> dict[str, Any]:
     return RunOut(
         run_id=run.run_id,
@@ -162,6 +174,9 @@ def _out(
         tools=run.tools,
         created_at=run.created_at,
         finished_at=run.finished_at,
+        rounds=None
+        if rounds is None
+        else [RoundOut(round=n, task_id=t, status=st) for n, t, st in rounds],
         messages=None
         if messages is None
         else [
@@ -281,7 +296,8 @@ async def get_run(run_id: str, deps: Deps, who: Caller, wait: WaitQuery = 0) -> 
     if wait > 0:
         run = await _waited(deps, run, wait)
         run, messages = await deps.runs.read(run_id, who.tenant)
-    return JSONResponse(_out(run, messages, await deps.runs.waiting_for(run)))
+    waiting, rounds = await deps.runs.waiting_for(run), await deps.runs.rounds(run)
+    return JSONResponse(_out(run, messages, waiting, rounds))
 
 
 RUN_EVENTS_OK: dict[int | str, dict[str, Any]] = {

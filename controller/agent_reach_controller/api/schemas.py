@@ -165,6 +165,7 @@ class TaskOut(BaseModel):
     )
     goal: str | None
     source: str = Field(description="The dialect it was submitted in")
+    run_id: str | None = Field(None, description="The agent run this task is a round of")
     environment: Environment = Field(
         "dev",
         description="Where it runs, fixed at submit (the tenant's in the policy, else the "
@@ -250,6 +251,7 @@ class TaskSummary(BaseModel):
     status: str
     principal: str = Field(description="Who submitted it")
     goal: str | None
+    run_id: str | None = Field(None, description="The agent run this task is a round of")
     created_at: Instant
     finished_at: Instant | None
 

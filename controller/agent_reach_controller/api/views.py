@@ -52,6 +52,7 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
         error=_error(view),
         goal=task.goal,
         source=task.source,
+        run_id=task.run_id,
         environment=task.environment,
         created_at=task.created_at,
         updated_at=task.updated_at,

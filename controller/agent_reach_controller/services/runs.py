@@ -241,6 +241,12 @@ class RunService:
                 raise RunNotFoundError(run_id)
             return run, (await run_store.load_messages(conn, [run_id]))[run_id]
 
+    async def rounds(self, run: RunRow) -> list[tuple[int, str, str]]:
+        """The run's rounds still kept: (round, task_id, status), oldest first."""
+        async with self._work.db.transaction() as conn:
+            found = await run_store.rounds_of(conn, run.run_id)
+        return [(_round_of(goal), task_id, status) for task_id, status, goal in found]
+
     async def waiting_for(self, run: RunRow) -> list[StepRow]:
         """The steps of a running run's round that wait for a person: an approval, or a
         verdict on an outcome nobody knows."""
@@ -553,6 +559,12 @@ class RunService:
             values["error"] = error or {"code": reason, "message": detail}
         await run_store.update_run(tx.conn, run, values, now=tx.now)
         self._work.metrics.run_ended(tx.conn, run.agent, status, reason)
+
+
+def _round_of(goal: str) -> int:
+    """A round's number, from its task's goal (`round N of run …`, as `_round` writes it)."""
+    words = goal.split()
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
 
 
 def _goal(conversation: Sequence[RunMessage]) -> str:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach_controller.domain.records import RunMessage, RunRow
-from agent_reach_controller.storage.schema import run_messages, runs
+from agent_reach_controller.storage.schema import run_messages, runs, tasks
 
 
 async def insert_run(conn: AsyncConnection, row: Mapping[str, Any]) -> None:
@@ -108,3 +108,13 @@ async def load_messages(
             RunMessage(seq=r["seq"], round=r["round"], role=r["role"], message=r["message"])
         )
     return found
+
+
+async def rounds_of(conn: AsyncConnection, run_id: str) -> list[tuple[str, str, str]]:
+    """A run's rounds' tasks, oldest first: (task_id, status, goal)."""
+    rows = await conn.execute(
+        sa.select(tasks.c.task_id, tasks.c.status, tasks.c.goal)
+        .where(tasks.c.run_id == run_id)
+        .order_by(tasks.c.task_id)
+    )
+    return [(r[0], r[1], r[2] or "") for r in rows.all()]

@@ -137,6 +137,13 @@ tasks = sa.Table(
         postgresql_where=sa.text("finished_at IS NOT NULL"),
         sqlite_where=sa.text("finished_at IS NOT NULL"),
     ),
+    # A run's rounds (0028): only the tasks that are rounds of one.
+    sa.Index(
+        "ix_tasks_run_id",
+        "run_id",
+        postgresql_where=sa.text("run_id IS NOT NULL"),
+        sqlite_where=sa.text("run_id IS NOT NULL"),
+    ),
     # The deadline sweep's index: only unfinished tasks that have a deadline.
     sa.Index(
         "ix_tasks_open_deadline",
