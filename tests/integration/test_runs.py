@@ -682,3 +682,84 @@ async def test_starting_runs_is_held_to_a_callers_unfinished_tasks_like_a_submit
     assert first.status_code == 202, first.text
     assert second.status_code == 429, second.text
     assert second.json()["code"] == "too_many_in_flight"
+
+
+def plan_text(*steps: dict[str, Any], fenced: bool = False) -> str:
+    text = json.dumps({"goal": "say two things", "steps": list(steps)})
+    return f"```json\n{text}\n```" if fenced else text
+
+
+SAY_A = {"step_id": "a", "tool": "echo.say", "args": {"text": "first"}}
+SAY_B = {
+    "step_id": "b",
+    "tool": "echo.say",
+    "args": {"text": "$a.output.args.text"},
+    "depends_on": ["a"],
+}
+CYCLE = [SAY_A | {"depends_on": ["b"]}, SAY_B]
+
+
+@pytest.mark.parametrize(("kind", "path"), [("openai_chat", CHAT), ("anthropic", MESSAGES)])
+async def test_in_planner_mode_the_model_writes_a_plan_that_runs_as_one_round(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, path: str
+) -> None:
+    script = [answer(plan_text(SAY_A, SAY_B, fenced=True)), answer("Both said first.")]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "planner", profile(models, kind, mode="plan"))
+            done = await run(api, {"agent": "planner", "input": "Say first, then repeat it."})
+            planned = await c.queries.get(done["rounds"][0]["task_id"])
+    assert (done["status"], done["end_reason"], done["round"]) == ("succeeded", "answered", 2)
+    [(_, first), (_, second)] = models.requests
+    assert "Answer with a plan" in str(first)
+    assert "tools" not in first  # the tools are in the instructions, not callable
+    if kind == "openai_chat":
+        assert first["response_format"]["json_schema"]["name"] == "plan"
+    assert "The results of your plan" in str(second)
+    assert "response_format" not in second
+    steps = {s.step_id: s for s in planned.steps}
+    assert steps["b"].resolved_args == {"text": "first"}  # the plan's own reference, resolved
+    assert steps["b"].status.value == "succeeded"
+
+
+async def test_a_refused_plan_goes_back_once_and_a_second_ends_the_run_invalid_plan(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repaired = [answer(plan_text(*CYCLE)), answer(plan_text(SAY_A, SAY_B)), answer("Done.")]
+    twice = [answer(plan_text(*CYCLE)), answer("not a plan at all")]
+    with ScriptedModels(repaired) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "planner", profile(models, mode="plan"))
+            fixed = await run(api, {"agent": "planner", "input": "Say first twice."})
+    [_, (_, second), _] = models.requests
+    assert "Your plan was refused" in str(second)
+    assert "/steps/" in str(second)  # the problems' pointers
+    assert (fixed["status"], fixed["round"]) == ("succeeded", 3)
+    with ScriptedModels(twice) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "planner", profile(models, mode="plan"))
+            failed = await run(api, {"agent": "planner", "input": "Say first twice."})
+    assert (failed["status"], failed["end_reason"]) == ("failed", "invalid_plan")
+    first_set, second_set = failed["error"]["problems"]
+    assert any(p["code"] == "cycle" for p in first_set)
+    assert "not JSON" in second_set[0]["detail"]
+    assert models.count() == 2
+
+
+async def test_the_plan_schema_is_published_and_a_plan_it_admits_is_read_as_a_plan(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jsonschema
+
+    from agent_reach_controller.planning.plan import parse_plan
+
+    with ScriptedModels([]) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (c, api):
+            await put_agent(api, "planner", profile(models, mode="plan"))
+            schema = (await api.get("/v1/runs/plan-schema")).json()
+            plan = {"goal": "g", "steps": [SAY_A, SAY_B]}
+            jsonschema.validate(plan, schema)
+            read = parse_plan(plan, c.catalog, dialect="plan", atomic=True)
+    assert [s.step_id for s in read.steps] == ["a", "b"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"steps": [SAY_A | {"retry": {}}]}, schema)  # a caller's option

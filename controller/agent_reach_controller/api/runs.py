@@ -31,6 +31,7 @@ from agent_reach_controller.domain.records import (
     StepRow,
 )
 from agent_reach_controller.identity.policy import Action, Principal
+from agent_reach_controller.planning import planner
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
 from agent_reach_controller.services.runs import RunInputError, StartRun
@@ -272,6 +273,14 @@ def _said(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(str(e["msg"]) for e in exc.errors(include_url=False)[:3])
     return str(exc)
+
+
+@router.get(
+    "/plan-schema",
+    summary="The JSON Schema of the plan a model writes in planner mode (its response format)",
+)
+async def plan_schema(who: Caller) -> dict[str, Any]:
+    return planner.PLAN_SCHEMA
 
 
 @router.get("", response_model=RunList, summary="The tenant's runs, newest first")

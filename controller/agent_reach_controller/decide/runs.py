@@ -39,6 +39,7 @@ class EndReason:
     DEADLINE_EXCEEDED = "deadline_exceeded"
     MODEL_FAILED = "model_failed"
     INVALID_REPLY = "invalid_reply"
+    INVALID_PLAN = "invalid_plan"
     CANCELLED = "cancelled"
     ROUND_FAILED = "round_failed"
 

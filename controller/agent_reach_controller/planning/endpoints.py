@@ -40,6 +40,9 @@ class Ask:
     temperature: float | None
     max_tokens: int
     note: str = ""  # the run's stage, said after the conversation (never stored in it)
+    # Planner mode: the shape the reply must take, as a response format where the endpoint
+    # takes one (planning/planner.py).
+    reply_schema: dict[str, Any] | None = None
 
 
 class ReplyError(ValueError):
@@ -70,6 +73,10 @@ class EndpointKind(ABC):
     @abstractmethod
     def call_items(self, calls: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Each tool call of a reply's `calls`, with the key its id is under."""
+
+    @abstractmethod
+    def calls_in(self, entries: Sequence[dict[str, Any]]) -> bool:
+        """Whether stored assistant entries ask for tools (their results must follow)."""
 
     def number_calls(self, reply: Reply, *, taken: set[str], prefix: str) -> list[str]:
         """Give every call an id a step can have, unique in its round: a model may repeat ids,
@@ -133,6 +140,11 @@ class Chat(EndpointKind):
             "messages": [*system_message, *ask.messages, *_said("system", ask.note)],
             "max_tokens": ask.max_tokens,
         }
+        if ask.reply_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "plan", "schema": ask.reply_schema},
+            }
         return _with_options(body, ask, shapes.chat)
 
     def read(self, reply: Any) -> Reply:
@@ -151,6 +163,9 @@ class Chat(EndpointKind):
     def call_items(self, calls: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         return [(c, "id") for c in calls.get("tool_calls") or [] if isinstance(c, dict)]
 
+    def calls_in(self, entries: Sequence[dict[str, Any]]) -> bool:
+        return any(e.get("tool_calls") for e in entries)
+
 
 class Responses(EndpointKind):
     name = "openai_responses"
@@ -163,6 +178,9 @@ class Responses(EndpointKind):
             "max_output_tokens": ask.max_tokens,
             "store": False,
         }
+        if ask.reply_schema is not None:
+            plan = {"type": "json_schema", "name": "plan", "schema": ask.reply_schema}
+            body["text"] = {"format": plan}
         if ask.system:
             body["instructions"] = ask.system
         return _with_options(body, ask, shapes.responses)
@@ -186,6 +204,9 @@ class Responses(EndpointKind):
         return [
             (i, "call_id") for i in calls.get("output") or [] if i.get("type") == "function_call"
         ]
+
+    def calls_in(self, entries: Sequence[dict[str, Any]]) -> bool:
+        return any(e.get("type") == "function_call" for e in entries)
 
 
 class Anthropic(EndpointKind):
@@ -212,6 +233,9 @@ class Anthropic(EndpointKind):
 
     def call_items(self, calls: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         return [(b, "id") for b in calls.get("content") or [] if b.get("type") == "tool_use"]
+
+    def calls_in(self, entries: Sequence[dict[str, Any]]) -> bool:
+        return any(self.call_items(e) for e in entries)
 
 
 ENDPOINTS: dict[str, EndpointKind] = {e.name: e for e in (Chat(), Responses(), Anthropic())}

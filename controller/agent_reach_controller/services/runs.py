@@ -32,11 +32,11 @@ from agent_reach_controller.domain.records import (
     StepRow,
     TaskRow,
 )
-from agent_reach_controller.planning import fanout
+from agent_reach_controller.planning import fanout, planner
 from agent_reach_controller.planning.dialects.base import Answer
 from agent_reach_controller.planning.endpoints import ENDPOINTS, Ask, EndpointKind, ReplyError
 from agent_reach_controller.planning.plan import Plan, PlannedStep, parse_plan
-from agent_reach_controller.planning.problems import PlanInvalidError
+from agent_reach_controller.planning.problems import PlanInvalidError, Problem, ProblemCode
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.intake import IntakeService, SubmitInput, refusals, step_rows
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
@@ -291,14 +291,21 @@ class RunService:
         catalog = self._work.registry.catalog
         tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
         limits = Limits.model_validate(run.limits)
+        system, schema = profile.system, None
+        if profile.mode == "plan":  # a plan is written without tools, then answered without
+            if _planning(conversation):
+                system = "\n\n".join(p for p in (system, planner.instructions(tools)) if p)
+                schema = planner.PLAN_SCHEMA
+            tools = []
         ask = Ask(
             model=profile.model,
-            system=profile.system,
+            system=system,
             messages=[m.message for m in conversation],
             tools=tools,
             temperature=profile.temperature,
             max_tokens=rules.max_tokens(run, limits),
             note=rules.stage_note(run, limits, goal=_goal(conversation)),
+            reply_schema=schema,
         )
         return self.endpoint(spec).request(ask)
 
@@ -317,27 +324,7 @@ class RunService:
         sent = json.dumps(self._request(run, spec, conversation))
         usage = rules.usage_of(output, sent_chars=len(sent), prices=profile.prices)
         totals = usage.added_to(run)
-        tokens = {
-            "input": usage.input_tokens,
-            "output": usage.output_tokens,
-            "cached": usage.cached_tokens,
-        }
-        self._work.metrics.model_called(tx.conn, run.agent, profile.model, tokens, usage.cost)
-        reported = output.get("usage") if isinstance(output, dict) else None
-        charged = {"model": profile.model, "charged": tokens, "cost": usage.cost}
-        await event_log.append_events(
-            tx.conn,
-            [
-                event_log.NewEvent(
-                    task_id=step.task_id,
-                    step_id=step.step_id,
-                    kind="model_usage",
-                    attempt=step.attempt,
-                    data=charged | {"reported": reported, "round": run.round},
-                    created_at=tx.now,
-                )
-            ],
-        )
+        await self._charge(tx, step, run, profile.model, usage, output)
         try:
             reply = endpoint.read(output.get("reply") if isinstance(output, dict) else None)
         except ReplyError as exc:
@@ -346,6 +333,10 @@ class RunService:
         ids = endpoint.number_calls(reply, taken={MODEL_STEP}, prefix=f"call_{run.round}_")
         entries = [("assistant", e) for e in reply.entries]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
+        if reply.calls is None and profile.mode == "plan" and _planning(conversation):
+            read = Read(endpoint=endpoint, calls={}, grounds=_grounds(run, conversation))
+            await self._planned(tx, step, run, read, reply.text, totals, conversation)
+            return
         if reply.calls is None:
             sources = [json.dumps(m.message) for m in conversation if m.role != "assistant"]
             sources += [json.dumps(run.context), profile.system]
@@ -366,6 +357,108 @@ class RunService:
             reason, detail = ended
             await self._unanswered(tx, run, endpoint, ids, f"not run: {detail}")
             await self._end(tx, run, totals, RunStatus.FAILED, reason, detail)
+
+    async def _charge(
+        self,
+        tx: TaskWork,
+        step: StepRow,
+        run: RunRow,
+        model: str,
+        usage: rules.Usage,
+        output: Any,
+    ) -> None:
+        """Count a model call at commit (metrics), and record what it was charged beside what
+        its reply claimed (a `model_usage` event of its round's task)."""
+        tokens = {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "cached": usage.cached_tokens,
+        }
+        self._work.metrics.model_called(tx.conn, run.agent, model, tokens, usage.cost)
+        reported = output.get("usage") if isinstance(output, dict) else None
+        charged = {"model": model, "charged": tokens, "cost": usage.cost}
+        await event_log.append_events(
+            tx.conn,
+            [
+                event_log.NewEvent(
+                    task_id=step.task_id,
+                    step_id=step.step_id,
+                    kind="model_usage",
+                    attempt=step.attempt,
+                    data=charged | {"reported": reported, "round": run.round},
+                    created_at=tx.now,
+                )
+            ],
+        )
+
+    async def _planned(  # noqa: PLR0913, PLR0917 - the planning round as read, all of it used
+        self,
+        tx: TaskWork,
+        step: StepRow,
+        run: RunRow,
+        read: Read,
+        text: str,
+        totals: dict[str, Any],
+        conversation: Sequence[RunMessage],
+    ) -> None:
+        """Planner mode: the model's plan joins the round (read as any submitted plan); a plan
+        refused goes back to the model once with its problems, a second ends the run."""
+        limits = Limits.model_validate(run.limits)
+        spent = rules.over_budget(totals, limits)
+        if spent is not None:
+            detail = f"spent {spent}"
+            await self._end(tx, run, totals, RunStatus.FAILED, EndReason.BUDGET_EXHAUSTED, detail)
+            return
+        task = tx.tasks[step.task_id]
+        try:
+            plan = parse_plan(
+                planner.read_plan(text),
+                self._work.registry.catalog,
+                dialect="plan",
+                permits=set(run.tools).__contains__,
+                environment=task.environment,
+                grounds=read.grounds,
+            )
+        except (ValueError, PlanInvalidError) as exc:
+            problems = (
+                list(exc.problems)
+                if isinstance(exc, PlanInvalidError)
+                else [Problem(pointer="", code=ProblemCode.INVALID_TYPE, detail=str(exc))]
+            )
+            await self._refused_plan(tx, run, read.endpoint, problems, totals, conversation)
+            return
+        await self._add_calls(tx, task, plan)
+        await run_store.update_run(tx.conn, run, totals, now=tx.now)
+
+    async def _refused_plan(
+        self,
+        tx: TaskWork,
+        run: RunRow,
+        endpoint: EndpointKind,
+        problems: list[Problem],
+        totals: dict[str, Any],
+        conversation: Sequence[RunMessage],
+    ) -> None:
+        earlier = [m.message.get("problems", []) for m in _this_turn(conversation, "controller")]
+        found = [{"pointer": p.pointer, "code": p.code, "detail": p.detail} for p in problems]
+        if earlier:  # the second plan refused: the run ends with both sets of problems
+            message = (
+                f"the model's plan was refused twice ({len(found)} problem(s) the second time)"
+            )
+            error = {
+                "code": EndReason.INVALID_PLAN,
+                "message": message,
+                "problems": [*earlier, found],
+            }
+            await self._end(
+                tx, run, totals, RunStatus.FAILED, EndReason.INVALID_PLAN, message, error=error
+            )
+            return
+        said = endpoint.user(planner.refusal(problems)) | {"problems": found}
+        await run_store.append_messages(
+            tx.conn, run.run_id, run.round, [("controller", said)], now=tx.now
+        )
+        await run_store.update_run(tx.conn, run, totals, now=tx.now)
 
     async def _expand(
         self,
@@ -457,7 +550,13 @@ class RunService:
             return
         endpoint = self.endpoint(self._work.registry.get(model.tool, model.tool_version))
         answers = self._answers(task, steps)
-        entries = [("tool", m) for m in endpoint.replies(answers)]
+        conversation = (await run_store.load_messages(tx.conn, [run.run_id]))[run.run_id]
+        said = [m.message for m in conversation if m.role == "assistant" and m.round == run.round]
+        if endpoint.calls_in(said) or not answers:
+            entries = [("tool", m) for m in endpoint.replies(answers)]
+        else:  # a plan's steps: their results, in one message the model reads
+            lines = [(a.call_id, a.text) for a in answers]
+            entries = [("tool", endpoint.user(planner.results(lines)))]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
         decided = rules.after_round(run, Limits.model_validate(run.limits), now=tx.now)
         if not decided.go_on:
@@ -559,6 +658,22 @@ class RunService:
             values["error"] = error or {"code": reason, "message": detail}
         await run_store.update_run(tx.conn, run, values, now=tx.now)
         self._work.metrics.run_ended(tx.conn, run.agent, status, reason)
+
+
+def _this_turn(conversation: Sequence[RunMessage], role: str) -> list[RunMessage]:
+    """The entries of `role` since the caller's latest message."""
+    found: list[RunMessage] = []
+    for m in conversation:
+        if m.role == "user":
+            found = []
+        elif m.role == role:
+            found.append(m)
+    return found
+
+
+def _planning(conversation: Sequence[RunMessage]) -> bool:
+    """Planner mode: whether the next reply is a plan (none has run since the caller spoke)."""
+    return not _this_turn(conversation, "tool")
 
 
 def _round_of(goal: str) -> int:

@@ -127,6 +127,11 @@ class AgentProfile(BaseModel):
         max_length=200,
         description="Tool name patterns (`crm.*`); at run time also cut to the caller's rights",
     )
+    mode: Literal["react", "plan"] = Field(
+        "react",
+        description="react: the model calls tools round by round; plan: it writes a whole plan "
+        "(our plan shape), which runs as one round, then answers from its results",
+    )
     limits: Limits = Field(default_factory=Limits)
     prices: Prices = Field(default_factory=Prices)
     # The model call as a downstream: how long one may take, how it is retried and throttled.
@@ -143,7 +148,7 @@ class AgentProfile(BaseModel):
         endpoint = self.endpoint.model_dump(exclude_none=True)
         agent = self.model_dump(
             mode="json",
-            include={"model", "temperature", "system", "tools", "limits", "prices"},
+            include={"model", "temperature", "system", "tools", "mode", "limits", "prices"},
         )
         return ToolSpec.model_validate(
             {
