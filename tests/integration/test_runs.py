@@ -763,3 +763,39 @@ async def test_the_plan_schema_is_published_and_a_plan_it_admits_is_read_as_a_pl
     assert [s.step_id for s in read.steps] == ["a", "b"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"steps": [SAY_A | {"retry": {}}]}, schema)  # a caller's option
+
+
+def routed(route: str) -> Any:
+    return answer(json.dumps({"route": route, "reason": f"{route} fits"}))
+
+
+ROUTED = {
+    "answer": ([routed("answer"), answer("Hello!")], 2),
+    "react": ([routed("react"), call_tools([("echo_say", {"text": "x"})]), answer("ok")], 3),
+    "plan": ([routed("plan"), answer(plan_text(SAY_A, SAY_B)), answer("ok")], 3),
+    "nonsense": ([answer("I would rather chat"), answer("ok")], 2),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTED))
+async def test_a_router_picks_answer_react_or_plan_and_the_run_records_why(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    script, rounds = ROUTED[route]
+    with ScriptedModels(script) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "router", profile(models, mode="auto"))
+            done = await run(api, {"agent": "router", "input": "Hi there."})
+    assert (done["status"], done["round"]) == ("succeeded", rounds), done
+    first, second = models.requests[0][1], models.requests[1][1]
+    assert first["response_format"]["json_schema"]["name"] == "route"
+    assert "tools" not in first
+    said = [m.get("content") for m in second["messages"] if m["role"] != "system"]
+    assert said == ["Hi there."]  # the routing exchange is not the conversation's
+    if route == "nonsense":
+        assert done["route"]["route"] == "react"
+        assert "not a choice" in done["route"]["reason"]
+        return
+    assert done["route"] == {"route": route, "reason": f"{route} fits"}
+    assert ("tools" in second) == (route == "react")
+    assert ("Answer with a plan" in str(second)) == (route == "plan")

@@ -135,6 +135,11 @@ class RunOut(BaseModel):
     messages: list[dict[str, Any]] | None = Field(
         None, description="The conversation, entry by entry (on GET of one run)"
     )
+    route: dict[str, str] | None = Field(
+        None,
+        description="With a router (mode auto): how the caller's latest message is handled "
+        "(answer, react or plan) and why (on GET of one run)",
+    )
     rounds: list[RoundOut] | None = Field(
         None, description="Each round's task, oldest first (on GET of one run)"
     )
@@ -175,6 +180,7 @@ def _out(
         tools=run.tools,
         created_at=run.created_at,
         finished_at=run.finished_at,
+        route=next((m.message for m in reversed(messages or []) if m.role == "route"), None),
         rounds=None
         if rounds is None
         else [RoundOut(round=n, task_id=t, status=st) for n, t, st in rounds],

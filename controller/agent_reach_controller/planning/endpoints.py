@@ -43,6 +43,7 @@ class Ask:
     # Planner mode: the shape the reply must take, as a response format where the endpoint
     # takes one (planning/planner.py).
     reply_schema: dict[str, Any] | None = None
+    reply_name: str = "plan"  # the schema's name in the response format
 
 
 class ReplyError(ValueError):
@@ -143,7 +144,7 @@ class Chat(EndpointKind):
         if ask.reply_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "plan", "schema": ask.reply_schema},
+                "json_schema": {"name": ask.reply_name, "schema": ask.reply_schema},
             }
         return _with_options(body, ask, shapes.chat)
 
@@ -179,8 +180,8 @@ class Responses(EndpointKind):
             "store": False,
         }
         if ask.reply_schema is not None:
-            plan = {"type": "json_schema", "name": "plan", "schema": ask.reply_schema}
-            body["text"] = {"format": plan}
+            shape = {"type": "json_schema", "name": ask.reply_name, "schema": ask.reply_schema}
+            body["text"] = {"format": shape}
         if ask.system:
             body["instructions"] = ask.system
         return _with_options(body, ask, shapes.responses)

@@ -81,7 +81,7 @@ def instructions(tools: Sequence[ToolSpec]) -> str:
 
 
 def read_plan(text: str) -> Any:
-    """The plan a model wrote (ValueError, saying why, when it is not JSON)."""
+    """The JSON a model wrote, bare or fenced (ValueError, saying why, when it is not JSON)."""
     fenced = _FENCED.match(text)
     body = fenced.group("body") if fenced else text
     try:
@@ -103,3 +103,43 @@ def results(lines: Sequence[tuple[str, str]]) -> str:
     """A plan's results as the model reads them: each step's id and its receipt."""
     said = "\n".join(f"- {step_id}: {text}" for step_id, text in lines)
     return f"{RESULTS}\n{said}\nAnswer the request now from these results."
+
+
+# The router: one first model call that picks how a message is handled.
+ROUTES = ("answer", "react", "plan")
+ROUTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["route", "reason"],
+    "properties": {
+        "route": {
+            "enum": list(ROUTES),
+            "description": "answer: a plain answer, no tools; react: call tools one round at "
+            "a time; plan: several tool steps that can be planned up front",
+        },
+        "reason": {"type": "string", "description": "Why, in a sentence"},
+    },
+}
+
+
+def router_instructions(tools: Sequence[ToolSpec]) -> str:
+    """What the model is told in a routing round."""
+    names = ", ".join(t.name for t in tools) or "(none)"
+    return (
+        "First decide how to handle the user's message, and say nothing else: one JSON object "
+        f"of this shape: {json.dumps(ROUTE_SCHEMA, separators=(',', ':'))}. Tools there are: "
+        f"{names}."
+    )
+
+
+def read_route(text: str) -> tuple[str, str]:
+    """(route, reason) from a routing reply; one that is not a choice is `react`, saying why."""
+    try:
+        chosen = read_plan(text)
+    except ValueError as exc:
+        return "react", f"the router's reply was not a choice ({exc}); react by default"
+    route = chosen.get("route") if isinstance(chosen, dict) else None
+    reason = chosen.get("reason") if isinstance(chosen, dict) else None
+    if route not in ROUTES:
+        return "react", f"the router chose {route!r}, which is not a route; react by default"
+    return str(route), str(reason or "")[:500]

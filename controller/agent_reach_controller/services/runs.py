@@ -291,21 +291,27 @@ class RunService:
         catalog = self._work.registry.catalog
         tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
         limits = Limits.model_validate(run.limits)
-        system, schema = profile.system, None
-        if profile.mode == "plan":  # a plan is written without tools, then answered without
+        system, schema, mode = profile.system, None, _mode(profile, conversation)
+        if mode == "route":  # the router: how to handle the message, said in JSON
+            system = _joined(system, planner.router_instructions(tools))
+            schema, tools = planner.ROUTE_SCHEMA, []
+        elif mode == "plan":  # a plan is written without tools, then answered without
             if _planning(conversation):
-                system = "\n\n".join(p for p in (system, planner.instructions(tools)) if p)
+                system = _joined(system, planner.instructions(tools))
                 schema = planner.PLAN_SCHEMA
+            tools = []
+        elif mode == "answer":
             tools = []
         ask = Ask(
             model=profile.model,
             system=system,
-            messages=[m.message for m in conversation],
+            messages=[m.message for m in conversation if m.role != "route"],
             tools=tools,
             temperature=profile.temperature,
             max_tokens=rules.max_tokens(run, limits),
             note=rules.stage_note(run, limits, goal=_goal(conversation)),
             reply_schema=schema,
+            reply_name=mode,
         )
         return self.endpoint(spec).request(ask)
 
@@ -331,9 +337,16 @@ class RunService:
             await self._end(tx, run, totals, RunStatus.FAILED, EndReason.INVALID_REPLY, str(exc))
             return
         ids = endpoint.number_calls(reply, taken={MODEL_STEP}, prefix=f"call_{run.round}_")
+        mode = _mode(profile, conversation)
+        if mode == "route":
+            route, reason = planner.read_route(reply.text)
+            said = [("route", {"route": route, "reason": reason})]
+            await run_store.append_messages(tx.conn, run.run_id, run.round, said, now=tx.now)
+            await run_store.update_run(tx.conn, run, totals, now=tx.now)
+            return
         entries = [("assistant", e) for e in reply.entries]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
-        if reply.calls is None and profile.mode == "plan" and _planning(conversation):
+        if reply.calls is None and mode == "plan" and _planning(conversation):
             read = Read(endpoint=endpoint, calls={}, grounds=_grounds(run, conversation))
             await self._planned(tx, step, run, read, reply.text, totals, conversation)
             return
@@ -669,6 +682,19 @@ def _this_turn(conversation: Sequence[RunMessage], role: str) -> list[RunMessage
         elif m.role == role:
             found.append(m)
     return found
+
+
+def _mode(profile: AgentProfile, conversation: Sequence[RunMessage]) -> str:
+    """How the next reply is read: `route` (the router's call), or the profile's mode, or in
+    `auto` what the router chose for the caller's latest message."""
+    if profile.mode != "auto":
+        return profile.mode
+    routed = _this_turn(conversation, "route")
+    return str(routed[-1].message.get("route", "react")) if routed else "route"
+
+
+def _joined(*parts: str) -> str:
+    return "\n\n".join(p for p in parts if p)
 
 
 def _planning(conversation: Sequence[RunMessage]) -> bool:

@@ -127,10 +127,11 @@ class AgentProfile(BaseModel):
         max_length=200,
         description="Tool name patterns (`crm.*`); at run time also cut to the caller's rights",
     )
-    mode: Literal["react", "plan"] = Field(
+    mode: Literal["react", "plan", "auto"] = Field(
         "react",
         description="react: the model calls tools round by round; plan: it writes a whole plan "
-        "(our plan shape), which runs as one round, then answers from its results",
+        "(our plan shape), which runs as one round, then answers from its results; auto: a "
+        "first model call (the router) picks answer, react or plan for each message",
     )
     limits: Limits = Field(default_factory=Limits)
     prices: Prices = Field(default_factory=Prices)
