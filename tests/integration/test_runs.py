@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -96,13 +96,18 @@ def profile(models: ScriptedModels, kind: str = "openai_chat", **more: Any) -> d
 
 @contextlib.asynccontextmanager
 async def stack(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **more: Any
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra_tools: Sequence[dict[str, Any]] = (),
+    **more: Any,
 ) -> AsyncIterator[tuple[Components, httpx.AsyncClient]]:
     """A controller, an executor hosting `echo` and `model`, and an admin's API client."""
     monkeypatch.setenv(KEY_VARIABLE, KEY)
+    tools = [ECHO, PAY, WIRE, WIRE_TOLD, LEDGER, SECRET_TOOL, *extra_tools]
     settings = ControllerSettings(
         database_url=database_url,
-        tools=[write_tools(tmp_path, [ECHO, PAY, WIRE, WIRE_TOLD, LEDGER, SECRET_TOOL])],
+        tools=[write_tools(tmp_path, tools)],
         http="127.0.0.1:0",
         grpc="127.0.0.1:0",
         **more,
@@ -799,3 +804,41 @@ async def test_a_router_picks_answer_react_or_plan_and_the_run_records_why(
     assert done["route"] == {"route": route, "reason": f"{route} fits"}
     assert ("tools" in second) == (route == "react")
     assert ("Answer with a plan" in str(second)) == (route == "plan")
+
+
+THIRTY = [
+    {
+        "name": f"{area}.t{i}",
+        "description": f"Tool {i} of the {area} area.",
+        "connector": "echo",
+        "idempotent": True,
+        "input_schema": {"type": "object"},
+    }
+    for area in ("crm", "mail", "billing")
+    for i in range(10)
+]
+
+
+async def test_with_thirty_tools_the_model_picks_a_category_then_sees_only_its_tools(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [
+        answer(json.dumps({"category": "crm", "reason": "a customer question"})),
+        call_tools([("crm_t3", {})]),
+        answer("Found the customer."),
+    ]
+    with ScriptedModels(script) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch, extra_tools=THIRTY) as (_, api):
+            areas = ["crm.*", "mail.*", "billing.*"]
+            await put_agent(api, "desk", profile(models, tools=areas))
+            done = await run(api, {"agent": "desk", "input": "Who is customer 7?"})
+    assert (done["status"], done["round"]) == ("succeeded", 3), done
+    assert done["category"] == {"category": "crm", "reason": "a customer question"}
+    first, second, third = (body for _, body in models.requests)
+    assert first["response_format"]["json_schema"]["name"] == "category"
+    assert "tools" not in first
+    assert "billing: 10 tool(s)" in first["messages"][0]["content"]
+    offered = {t["function"]["name"] for t in second["tools"]}
+    assert offered == {f"crm_t{i}" for i in range(10)}  # the category's tools, no others
+    assert {t["function"]["name"] for t in third["tools"]} == offered  # kept for the turn
+    assert len(done["tools"]) == 30

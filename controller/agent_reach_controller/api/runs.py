@@ -8,6 +8,7 @@ the caller may not use is refused, 403). Runs are the tenant's, as tasks are.
 from __future__ import annotations
 
 import asyncio
+import copy
 import fnmatch
 import json
 from collections.abc import AsyncGenerator, Sequence
@@ -34,8 +35,13 @@ from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.planning import planner
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
-from agent_reach_controller.services.runs import RunInputError, StartRun
-from agent_reach_controller.tools.agents import AgentProfile, is_agent
+from agent_reach_controller.services.runs import (
+    AgentNotFoundError,
+    RunInputError,
+    RunService,
+    StartRun,
+)
+from agent_reach_controller.tools.agents import AgentProfile, is_agent, profile_of
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=V1_PROBLEMS)
 
@@ -74,6 +80,13 @@ class RunIn(BaseModel):
     )
     context: dict[str, Any] = Field(default_factory=dict)
     limits: LimitsIn = LimitsIn()
+    version: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="The agent's version to run (an earlier one, to compare); by default its "
+        "current one",
+    )
 
 
 class MessageIn(BaseModel):
@@ -140,6 +153,11 @@ class RunOut(BaseModel):
         description="With a router (mode auto): how the caller's latest message is handled "
         "(answer, react or plan) and why (on GET of one run)",
     )
+    category: dict[str, Any] | None = Field(
+        None,
+        description="With more tools than the profile's category_threshold: the category of "
+        "tools the model chose for the caller's latest message, and why (on GET of one run)",
+    )
     rounds: list[RoundOut] | None = Field(
         None, description="Each round's task, oldest first (on GET of one run)"
     )
@@ -181,6 +199,7 @@ def _out(
         created_at=run.created_at,
         finished_at=run.finished_at,
         route=next((m.message for m in reversed(messages or []) if m.role == "route"), None),
+        category=next((m.message for m in reversed(messages or []) if m.role == "category"), None),
         rounds=None
         if rounds is None
         else [RoundOut(round=n, task_id=t, status=st) for n, t, st in rounds],
@@ -208,10 +227,10 @@ def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]
     )
 
 
-def _messages(deps: Components, agent: str, given: str | list[dict[str, Any]]) -> list[Any]:
-    spec, _ = deps.runs.profile(agent)
+def _messages(runs: RunService, agent: str, given: str | list[dict[str, Any]]) -> list[Any]:
+    spec, _ = runs.profile(agent)
     if isinstance(given, str):
-        return [deps.runs.endpoint(spec).user(given)]
+        return [runs.endpoint(spec).user(given)]
     if not given or len(given) > MAX_INPUT_MESSAGES:
         raise RunInputError("/body/input", f"give 1 to {MAX_INPUT_MESSAGES} messages")
     return given
@@ -243,14 +262,15 @@ WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait f
 async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
     require(deps, who, Action.SUBMIT, body.agent)
     await deps.registry.refresh()
-    _, profile = deps.runs.profile(body.agent)
+    runs = await _runs_of(deps, body)
+    _, profile = runs.profile(body.agent)
     try:
         limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
     except (ValueError, ValidationError) as exc:
         raise RunInputError("/body/limits", _said(exc)) from exc
     start = StartRun(
         agent=body.agent,
-        input=_messages(deps, body.agent, body.input),
+        input=_messages(runs, body.agent, body.input),
         principal=who.name,
         tenant=who.tenant,
         key_id=who.key_id,
@@ -266,13 +286,28 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
         if in_flight >= per_caller:
             raise TooManyInFlightError(who.name, in_flight, per_caller)
     with deps.admission.admit(1, limit=deps.settings.max_queued_steps):
-        run = await deps.runs.start(start)
+        run = await runs.start(start)
     if wait > 0:
         run = await _waited(deps, run, wait)
     status = 200 if run.status in ENDED_RUN_STATES else 202
     return JSONResponse(
         _out(run), status_code=status, headers={"Location": f"/v1/runs/{run.run_id}"}
     )
+
+
+async def _runs_of(deps: Components, body: RunIn) -> RunService:
+    """What starts the run: the run service, on the version the body names if it names one."""
+    if body.version is None:
+        return deps.runs
+    spec = await deps.registry.version(body.agent, body.version)
+    if not is_agent(spec):
+        raise AgentNotFoundError(body.agent)
+    # RunService.start takes the agent's current version; until it takes a version, a copy of
+    # it whose profile is the pinned one starts the run (the rest of a run follows the version
+    # its row pinned).
+    pinned = copy.copy(deps.runs)
+    pinned.profile = lambda name: (spec, profile_of(spec))  # type: ignore[method-assign]
+    return pinned
 
 
 def _said(exc: Exception) -> str:
@@ -410,7 +445,7 @@ async def continue_run(
     require(deps, who, Action.SUBMIT, run.agent)
     await deps.registry.refresh()
     run = await deps.runs.continue_run(
-        run_id, who.tenant, _messages(deps, run.agent, body.input), actor=who.name
+        run_id, who.tenant, _messages(deps.runs, run.agent, body.input), actor=who.name
     )
     if wait > 0:
         run = await _waited(deps, run, wait)

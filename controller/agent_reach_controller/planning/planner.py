@@ -143,3 +143,60 @@ def read_route(text: str) -> tuple[str, str]:
     if route not in ROUTES:
         return "react", f"the router chose {route!r}, which is not a route; react by default"
     return str(route), str(reason or "")[:500]
+
+
+# Category routing: with many tools, the model first picks a category, then sees its tools.
+GENERAL = "general"
+
+
+def category_of(tool: ToolSpec) -> str:
+    """A tool's category: the first part of its name (`crm.lookup`: `crm`), else `general`."""
+    head, dot, _ = tool.name.partition(".")
+    return head if dot else GENERAL
+
+
+def categories(tools: Sequence[ToolSpec]) -> dict[str, list[ToolSpec]]:
+    found: dict[str, list[ToolSpec]] = {}
+    for tool in tools:
+        found.setdefault(category_of(tool), []).append(tool)
+    return dict(sorted(found.items()))
+
+
+def category_schema(names: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["category", "reason"],
+        "properties": {
+            "category": {"enum": list(names), "description": "The tools' category to use"},
+            "reason": {"type": "string", "description": "Why, in a sentence"},
+        },
+    }
+
+
+def category_instructions(by_category: dict[str, list[ToolSpec]]) -> str:
+    """What the model is told when it must first pick a category of tools."""
+    listed = "\n".join(
+        f"- {name}: {len(tools)} tool(s): "
+        + "; ".join(f"{t.name.partition('.')[2] or t.name}: {t.description}" for t in tools[:8])
+        for name, tools in by_category.items()
+    )
+    schema = category_schema(list(by_category))
+    return (
+        "There are many tools, in categories. First pick the one category whose tools the "
+        "request needs, and say nothing else: one JSON object of this shape: "
+        f"{json.dumps(schema, separators=(',', ':'))}. The categories:\n{listed}"
+    )
+
+
+def read_category(text: str, names: Sequence[str]) -> tuple[str | None, str]:
+    """(category, reason) from a category reply; None (and why) when it names none of them."""
+    try:
+        chosen = read_plan(text)
+    except ValueError as exc:
+        return None, f"the reply was not a choice ({exc})"
+    name = chosen.get("category") if isinstance(chosen, dict) else None
+    if name not in names:
+        return None, f"{name!r} is not one of the categories"
+    reason = chosen.get("reason") if isinstance(chosen, dict) else ""
+    return str(name), str(reason or "")[:500]

@@ -46,6 +46,8 @@ from agent_reach_controller.storage import steps as store
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, Limits, profile_of
 from agent_reach_controller.tools.catalog import ToolSpec
 
+# Entries that record a choice about the run (a router's, a category's), never sent to the model.
+_CHOICES = frozenset({"route", "category"})
 # What a run waits for a person on (RunStatus.WAITING, shown while a step of its round is so).
 _A_PERSONS = frozenset({StepStatus.AWAITING_APPROVAL, StepStatus.OUTCOME_UNKNOWN})
 # The step of a round that calls the model (a tool call's id never takes it: see number_calls).
@@ -288,13 +290,16 @@ class RunService:
 
     def _request(self, run: RunRow, spec: ToolSpec, conversation: list[RunMessage]) -> Any:
         profile = profile_of(spec)
-        catalog = self._work.registry.catalog
-        tools = [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
+        tools = self._tools_of(run)
         limits = Limits.model_validate(run.limits)
-        system, schema, mode = profile.system, None, _mode(profile, conversation)
+        system, schema, mode = profile.system, None, _mode(profile, conversation, len(tools))
         if mode == "route":  # the router: how to handle the message, said in JSON
             system = _joined(system, planner.router_instructions(tools))
             schema, tools = planner.ROUTE_SCHEMA, []
+        elif mode == "category":  # many tools: a category first, said in JSON
+            by_category = planner.categories(tools)
+            system = _joined(system, planner.category_instructions(by_category))
+            schema, tools = planner.category_schema(list(by_category)), []
         elif mode == "plan":  # a plan is written without tools, then answered without
             if _planning(conversation):
                 system = _joined(system, planner.instructions(tools))
@@ -302,10 +307,12 @@ class RunService:
             tools = []
         elif mode == "answer":
             tools = []
+        elif (chosen := _chosen_category(conversation)) is not None:
+            tools = [t for t in tools if planner.category_of(t) == chosen]
         ask = Ask(
             model=profile.model,
             system=system,
-            messages=[m.message for m in conversation if m.role != "route"],
+            messages=[m.message for m in conversation if m.role not in _CHOICES],
             tools=tools,
             temperature=profile.temperature,
             max_tokens=rules.max_tokens(run, limits),
@@ -337,12 +344,9 @@ class RunService:
             await self._end(tx, run, totals, RunStatus.FAILED, EndReason.INVALID_REPLY, str(exc))
             return
         ids = endpoint.number_calls(reply, taken={MODEL_STEP}, prefix=f"call_{run.round}_")
-        mode = _mode(profile, conversation)
-        if mode == "route":
-            route, reason = planner.read_route(reply.text)
-            said = [("route", {"route": route, "reason": reason})]
-            await run_store.append_messages(tx.conn, run.run_id, run.round, said, now=tx.now)
-            await run_store.update_run(tx.conn, run, totals, now=tx.now)
+        mode = _mode(profile, conversation, len(self._tools_of(run)))
+        if mode in ("route", "category"):
+            await self._chose(tx, run, mode, reply.text, totals)
             return
         entries = [("assistant", e) for e in reply.entries]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
@@ -370,6 +374,26 @@ class RunService:
             reason, detail = ended
             await self._unanswered(tx, run, endpoint, ids, f"not run: {detail}")
             await self._end(tx, run, totals, RunStatus.FAILED, reason, detail)
+
+    def _tools_of(self, run: RunRow) -> list[ToolSpec]:
+        """The tools a run's model may call, as the catalogue has them now (enabled ones)."""
+        catalog = self._work.registry.catalog
+        return [t for name in run.tools if (t := catalog.get(name)) is not None and t.enabled]
+
+    async def _chose(
+        self, tx: TaskWork, run: RunRow, mode: str, text: str, totals: dict[str, Any]
+    ) -> None:
+        """A router's or a category's choice, recorded in the run (not in the conversation the
+        model reads): what the next round does follows from it."""
+        if mode == "route":
+            route, reason = planner.read_route(text)
+            said: dict[str, Any] = {"route": route, "reason": reason}
+        else:
+            names = list(planner.categories(self._tools_of(run)))
+            category, reason = planner.read_category(text, names)
+            said = {"category": category, "reason": reason}
+        await run_store.append_messages(tx.conn, run.run_id, run.round, [(mode, said)], now=tx.now)
+        await run_store.update_run(tx.conn, run, totals, now=tx.now)
 
     async def _charge(
         self,
@@ -684,13 +708,26 @@ def _this_turn(conversation: Sequence[RunMessage], role: str) -> list[RunMessage
     return found
 
 
-def _mode(profile: AgentProfile, conversation: Sequence[RunMessage]) -> str:
-    """How the next reply is read: `route` (the router's call), or the profile's mode, or in
-    `auto` what the router chose for the caller's latest message."""
-    if profile.mode != "auto":
-        return profile.mode
-    routed = _this_turn(conversation, "route")
-    return str(routed[-1].message.get("route", "react")) if routed else "route"
+def _mode(profile: AgentProfile, conversation: Sequence[RunMessage], tools: int) -> str:
+    """How the next reply is read: `route` (the router's call), `category` (a category of many
+    tools), or the profile's mode, or in `auto` what the router chose for the caller's latest
+    message."""
+    mode: str = profile.mode
+    if mode == "auto":
+        routed = _this_turn(conversation, "route")
+        if not routed:
+            return "route"
+        mode = str(routed[-1].message.get("route", "react"))
+    many = tools > profile.category_threshold
+    if mode == "react" and many and not _this_turn(conversation, "category"):
+        return "category"
+    return mode
+
+
+def _chosen_category(conversation: Sequence[RunMessage]) -> str | None:
+    chosen = _this_turn(conversation, "category")
+    name = chosen[-1].message.get("category") if chosen else None
+    return name if isinstance(name, str) else None
 
 
 def _joined(*parts: str) -> str:

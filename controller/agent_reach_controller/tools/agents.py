@@ -133,6 +133,13 @@ class AgentProfile(BaseModel):
         "(our plan shape), which runs as one round, then answers from its results; auto: a "
         "first model call (the router) picks answer, react or plan for each message",
     )
+    category_threshold: int = Field(
+        10,
+        ge=1,
+        le=10_000,
+        description="With more tools than this, the model first picks a category of them "
+        "(a tool's name up to its first dot), then sees only that category's tools",
+    )
     limits: Limits = Field(default_factory=Limits)
     prices: Prices = Field(default_factory=Prices)
     # The model call as a downstream: how long one may take, how it is retried and throttled.
@@ -149,7 +156,16 @@ class AgentProfile(BaseModel):
         endpoint = self.endpoint.model_dump(exclude_none=True)
         agent = self.model_dump(
             mode="json",
-            include={"model", "temperature", "system", "tools", "mode", "limits", "prices"},
+            include={
+                "model",
+                "temperature",
+                "system",
+                "tools",
+                "mode",
+                "category_threshold",
+                "limits",
+                "prices",
+            },
         )
         return ToolSpec.model_validate(
             {
