@@ -7,9 +7,9 @@ history and audit entry; `ETag` and `If-Match` work as they do for tools.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -20,6 +20,7 @@ from agent_reach_controller.api.tools import IfMatch, revision_of
 from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.registry import ToolExistsError, ToolHead
+from agent_reach_controller.services.run_stats import AgentVersionStats, RunStatsService
 from agent_reach_controller.services.runs import AgentNotFoundError
 from agent_reach_controller.tools.agents import AgentProfile, is_agent, profile_of
 
@@ -128,3 +129,71 @@ async def delete_agent(name: str, deps: Deps, who: Caller, if_match: IfMatch = N
         name, principal=who.name, tenant=who.tenant, if_revision=revision_of(if_match)
     )
     return Response(status_code=204)
+
+
+class TokensPerRunOut(BaseModel):
+    input: float
+    output: float
+
+
+class VersionStatsOut(BaseModel):
+    """One version's figures over the tenant's ended runs (a rate is null when nothing it divides
+    by happened)."""
+
+    version: str
+    runs: int = Field(description="Ended runs (succeeded, failed or cancelled)")
+    completed: int = Field(description="Of them, answered (succeeded)")
+    completion_rate: float | None = Field(description="completed / runs")
+    average_rounds: float | None
+    tokens_per_run: TokensPerRunOut | None
+    cost_per_run: float | None
+    tool_steps: int = Field(description="The tool calls of the runs' rounds")
+    tool_errors: int = Field(description="Of them, failed")
+    tool_error_rate: float | None = Field(description="tool_errors / tool_steps")
+    ungrounded: int = Field(description="Answered runs whose answer has ungrounded_claims")
+    ungrounded_claim_rate: float | None = Field(description="ungrounded / completed")
+
+
+class AgentStatsOut(BaseModel):
+    agent: str
+    versions: list[VersionStatsOut] = Field(description="Newest version first")
+
+
+def _stats_out(s: AgentVersionStats) -> VersionStatsOut:
+    per_run = (
+        None
+        if s.input_tokens_per_run is None or s.output_tokens_per_run is None
+        else TokensPerRunOut(input=s.input_tokens_per_run, output=s.output_tokens_per_run)
+    )
+    return VersionStatsOut(
+        version=s.version,
+        runs=s.runs,
+        completed=s.completed,
+        completion_rate=s.completion_rate,
+        average_rounds=s.average_rounds,
+        tokens_per_run=per_run,
+        cost_per_run=s.cost_per_run,
+        tool_steps=s.tool_steps,
+        tool_errors=s.tool_errors,
+        tool_error_rate=s.tool_error_rate,
+        ungrounded=s.ungrounded,
+        ungrounded_claim_rate=s.ungrounded_claim_rate,
+    )
+
+
+@router.get(
+    "/{name}/stats",
+    response_model=AgentStatsOut,
+    responses=problem_responses(404),
+    summary="What an agent's ended runs got done, per version: completion, rounds, tokens, cost",
+)
+async def agent_stats(
+    name: str,
+    deps: Deps,
+    who: Caller,
+    version: Annotated[str | None, Query(max_length=16, description="Only this version")] = None,
+) -> Response:
+    await _agent(deps, who, name)
+    found = await RunStatsService(deps.db).per_version(who.tenant, name, version=version)
+    out = AgentStatsOut(agent=name, versions=[_stats_out(s) for s in found])
+    return JSONResponse(out.model_dump(mode="json"))
