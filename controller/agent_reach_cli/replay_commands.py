@@ -1,8 +1,12 @@
-"""`reach replay TASK_ID`: what a task was asked, what happened, and what the model was told.
+"""`reach replay ID`: what a task (or an agent run) was asked, what happened, and what the model
+was told.
 
 reach replay TASK_ID             the timeline (arguments, attempts, waits, approvals, receipts)
 reach replay TASK_ID --dry-run   re-drive the plan on the recorded results; exit 1 on a difference
 reach replay TASK_ID --rerun     submit the same request again, live, in the same trace
+reach replay RUN_ID              a run's rounds: each model request and reply, its calls' receipts
+reach replay RUN_ID --dry-run    read every recorded reply again with today's rules and tools;
+                                 exit 1 when a decision would differ (a changed tool, say)
 """
 
 from __future__ import annotations
@@ -74,6 +78,43 @@ def format_dry_run(replay: dict[str, Any]) -> tuple[list[str], bool]:
     return lines, bool(run["identical"])
 
 
+def format_run(replay: dict[str, Any], *, dry_run: bool) -> tuple[list[str], bool]:
+    """A run's rounds (each request, reply and call) or, with `dry_run`, only the verdicts."""
+    lines = [
+        f"run {replay['run_id']}  agent {replay['agent']}@{replay['agent_version']}  "
+        f"{replay['status']} ({replay.get('end_reason') or '-'})"
+    ]
+    for r in replay["rounds"]:
+        lines.append(f"round {r['round']}  task {r.get('task_id') or '-'}")
+        if not dry_run:
+            sent = (r.get("request") or {}).get("messages") or (r.get("request") or {}).get("input")
+            lines.append(f"  asked: {_short(sent[-2:] if sent else None, 160)}")
+            lines.append(f"  replied: {_short(r['reply'], 160)}")
+            for call in r["calls"]:
+                lines.append(
+                    f"  call {call['call_id']}: {call['tool']}@{call['tool_version']} "
+                    f"{call['status']}  read: {_short(call.get('read'), 100)}"
+                )
+        lines += [f"  - {d}" for d in r["differences"]]
+    lines.append(
+        "reproduced: today's rules and tools reach the same decisions"
+        if replay["identical"]
+        else "NOT reproduced"
+    )
+    return lines, bool(replay["identical"])
+
+
+def _run_replay(response: Any, args: argparse.Namespace) -> int:
+    """An agent run's replay, printed (exit 1 on a dry run that differs)."""
+    if response is None:
+        return 2
+    if not response.is_success or args.json:
+        return _print(response)
+    lines, same = format_run(response.json(), dry_run=args.dry_run)
+    print("\n".join(lines))
+    return 0 if same or not args.dry_run else 1
+
+
 def replay(args: argparse.Namespace) -> int:
     base = f"{_url(args)}/v1/tasks/{args.task_id}"
     if args.rerun:
@@ -82,6 +123,10 @@ def replay(args: argparse.Namespace) -> int:
     response = _request("GET", f"{base}/replay", args)
     if response is None:
         return 2
+    if response.status_code == 404:  # not a task: an agent run, perhaps
+        ran = _request("GET", f"{_url(args)}/v1/runs/{args.task_id}/replay", args)
+        if ran is None or ran.is_success or ran.status_code != 404:
+            return _run_replay(ran, args)
     if not response.is_success or args.json:
         return _print(response)
     body = response.json()
@@ -96,12 +141,13 @@ def replay(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "replay",
-        help="a task's timeline; --dry-run re-drives it on recorded results; --rerun runs it again",
+        help="a task's or a run's timeline; --dry-run re-drives it on recorded results; "
+        "--rerun runs a task again",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(handler=replay)
-    p.add_argument("task_id")
+    p.add_argument("task_id", metavar="ID", help="a task's id, or an agent run's")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="no connector is called")
     mode.add_argument("--rerun", action="store_true", help="a new task, live, same trace")

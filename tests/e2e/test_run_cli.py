@@ -185,3 +185,24 @@ def test_bad_input_is_one_line_and_exit_2(dev: Proc) -> None:
     assert wrong_key.returncode == 2
     assert "401" in one_line(wrong_key)
     assert "ark_wrong_key_canary" not in wrong_key.stdout + wrong_key.stderr
+
+
+def test_reach_replay_takes_a_run_and_its_dry_run_says_whether_it_is_reproduced(
+    dev: Proc, tmp_path: Path
+) -> None:
+    script = [call_tools([("echo_say", {"text": "again"})]), answer("It said again.")]
+    with ScriptedModels(script) as models:
+        put(dev, tmp_path, "replayed", models)
+        started = reach(dev, "runs", "start", "replayed", "Say again.", "--wait", "60")
+        assert started.returncode == 0, started.stdout + started.stderr
+        timeline = reach(dev, "replay", run_id(started))
+        dry = reach(dev, "replay", run_id(started), "--dry-run")
+        nowhere = reach(dev, "replay", "0190d9a0-0000-7000-8000-000000000000")
+    assert timeline.returncode == 0, timeline.stderr
+    assert "round 1" in timeline.stdout
+    assert "call call_0: echo.say@" in timeline.stdout or "echo.say@" in timeline.stdout
+    assert (dry.returncode, dry.stdout.splitlines()[-1]) == (
+        0,
+        "reproduced: today's rules and tools reach the same decisions",
+    )
+    assert nowhere.returncode != 0

@@ -842,3 +842,29 @@ async def test_with_thirty_tools_the_model_picks_a_category_then_sees_only_its_t
     assert offered == {f"crm_t{i}" for i in range(10)}  # the category's tools, no others
     assert {t["function"]["name"] for t in third["tools"]} == offered  # kept for the turn
     assert len(done["tools"]) == 30
+
+
+async def test_a_runs_replay_shows_each_round_and_a_dry_run_reports_a_changed_tool(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = [call_tools([("echo_say", {"text": "hi"})]), answer("It said hi.")]
+    with ScriptedModels(script) as models:
+        async with stack(sqlite_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            done = await run(api, {"agent": "helper", "input": "Say hi."})
+            same = (await api.get(f"/v1/runs/{done['run_id']}/replay")).json()
+            changed = ECHO | {"description": "Says what it is given, louder."}
+            assert (await api.put("/v1/tools/echo.say", json=changed)).status_code == 200
+            after = (await api.get(f"/v1/runs/{done['run_id']}/replay")).json()
+    assert same["identical"] is True, same
+    first, second = same["rounds"]
+    assert first["request"]["messages"][-2] == {"role": "user", "content": "Say hi."}
+    assert first["reply"][0]["tool_calls"][0]["function"]["name"] == "echo_say"
+    [call] = first["calls"]
+    assert (call["tool"], call["status"]) == ("echo.say", "succeeded")
+    assert '"hi"' in call["read"]
+    assert second["reply"][0]["content"] == "It said hi."
+    assert KEY not in str(same)
+    assert after["identical"] is False
+    [difference] = after["rounds"][0]["differences"]
+    assert "tool echo.say changed since" in difference

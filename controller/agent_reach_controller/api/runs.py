@@ -35,6 +35,7 @@ from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.planning import planner
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
+from agent_reach_controller.services.run_replay import RunReplayer
 from agent_reach_controller.services.runs import (
     AgentNotFoundError,
     RunInputError,
@@ -429,6 +430,53 @@ def _sse(kind: str, data: Any, *, event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     return f"{head}event: {kind}\ndata: {body}\n\n".encode()
+
+
+class RoundReplayOut(BaseModel):
+    round: int
+    task_id: str | None
+    request: dict[str, Any] | None = Field(
+        None, description="The model request, rebuilt from what the run stored (no key in it)"
+    )
+    reply: list[dict[str, Any]] = Field(description="The model's reply, as the run kept it")
+    calls: list[dict[str, Any]] = Field(
+        description="Each call: id, tool and version, status, and what the model read of it"
+    )
+    differences: list[str] = Field(
+        description="Where today's rules and tools would decide otherwise (empty: the same)"
+    )
+
+
+class RunReplayOut(BaseModel):
+    run_id: str
+    agent: str
+    agent_version: str
+    status: str
+    end_reason: str | None
+    identical: bool = Field(description="Whether today's rules and tools reach every decision")
+    rounds: list[RoundReplayOut]
+
+
+@router.get(
+    "/{run_id}/replay",
+    response_model=RunReplayOut,
+    responses=problem_responses(404),
+    summary="A run's rounds (each model request and reply beside its receipts), and a dry "
+    "run of its recorded replies with today's rules and tools",
+)
+async def replay_run(run_id: str, deps: Deps, who: Caller) -> RunReplayOut:
+    replayer = RunReplayer(db=deps.db, registry=deps.registry, runs=deps.runs)
+    replayed = await replayer.replay(run_id, who.tenant, budget=deps.settings.receipt_budget_chars)
+    run = replayed.run
+    return RunReplayOut(
+        run_id=run.run_id,
+        agent=run.agent,
+        agent_version=run.agent_version,
+        status=run.status,
+        end_reason=run.end_reason,
+        identical=replayed.identical,
+        rounds=[RoundReplayOut.model_validate(r, from_attributes=True) for r in replayed.rounds],
+    )
 
 
 @router.post(

@@ -288,6 +288,10 @@ class RunService:
         request = self._request(run, spec, conversations.get(run.run_id, []))
         return replace(step, resolved_args={"request": request})
 
+    def request_for(self, run: RunRow, spec: ToolSpec, conversation: Sequence[RunMessage]) -> Any:
+        """The model request a run's conversation makes (a replay shows it for each round)."""
+        return self._request(run, spec, list(conversation))
+
     def _request(self, run: RunRow, spec: ToolSpec, conversation: list[RunMessage]) -> Any:
         profile = profile_of(spec)
         tools = self._tools_of(run)
