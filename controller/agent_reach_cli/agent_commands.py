@@ -19,7 +19,13 @@ from typing import Any
 import httpx
 import yaml
 
-from agent_reach_cli.client_commands import _url, add_client_flags, auth_headers, refusal
+from agent_reach_cli.client_commands import (
+    _url,
+    add_client_flags,
+    add_subcommand,
+    auth_headers,
+    refusal,
+)
 from agent_reach_cli.failures import CommandError
 
 
@@ -142,13 +148,7 @@ def add_parser(sub: Any) -> None:
     commands = agents.add_subparsers(dest="agents_command", metavar="COMMAND")
 
     def add(name: str, handler: Any, help_: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=help_)
-        add_client_flags(p, inherited=True)
-        p.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print it as JSON"
-        )
-        p.set_defaults(handler=handler)
-        return p
+        return add_subcommand(commands, name, handler, help_)
 
     add("list", list_agents, "the agents you may run or administer")
     add("show", show, "one agent's profile (YAML that `put` takes back)").add_argument("name")

@@ -30,6 +30,17 @@ def add_client_flags(p: argparse.ArgumentParser, *, inherited: bool = False) -> 
     p.add_argument("--api-key", default=default, help="API key (AGENT_REACH_API_KEY)")
 
 
+def add_subcommand(commands: Any, name: str, handler: Any, help_: str) -> argparse.ArgumentParser:
+    """A subcommand of a command group that has the client flags and `--json` itself."""
+    p: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=help_)
+    add_client_flags(p, inherited=True)
+    p.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print it as JSON"
+    )
+    p.set_defaults(handler=handler)
+    return p
+
+
 def auth_headers(args: argparse.Namespace) -> dict[str, str]:
     """The Authorization header of the key given (--api-key or AGENT_REACH_API_KEY), if any."""
     key = args.api_key or os.environ.get("AGENT_REACH_API_KEY")

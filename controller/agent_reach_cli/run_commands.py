@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from agent_reach_cli.agent_commands import ask, print_json
-from agent_reach_cli.client_commands import add_client_flags
+from agent_reach_cli.client_commands import add_client_flags, add_subcommand
 from agent_reach_cli.failures import CommandError
 
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
@@ -247,13 +247,7 @@ def add_parser(sub: Any) -> None:
     commands = runs.add_subparsers(dest="runs_command", metavar="COMMAND")
 
     def add(name: str, handler: Any, help_: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=help_)
-        add_client_flags(p, inherited=True)
-        p.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print it as JSON"
-        )
-        p.set_defaults(handler=handler)
-        return p
+        return add_subcommand(commands, name, handler, help_)
 
     wait_help = "seconds to wait for the run to end (default: do not wait)"
     p = add("start", start, "start an agent run with a message ('-': read it from stdin)")
