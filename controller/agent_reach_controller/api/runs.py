@@ -8,7 +8,6 @@ the caller may not use is refused, 403). Runs are the tenant's, as tasks are.
 from __future__ import annotations
 
 import asyncio
-import copy
 import fnmatch
 import json
 from collections.abc import AsyncGenerator, Sequence
@@ -37,12 +36,12 @@ from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
 from agent_reach_controller.services.run_replay import RunReplayer
 from agent_reach_controller.services.runs import (
-    AgentNotFoundError,
     RunInputError,
     RunService,
     StartRun,
 )
-from agent_reach_controller.tools.agents import AgentProfile, is_agent, profile_of
+from agent_reach_controller.tools.agents import AgentProfile, is_agent
+from agent_reach_controller.tools.catalog import ToolSpec
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], responses=V1_PROBLEMS)
 
@@ -228,8 +227,8 @@ def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]
     )
 
 
-def _messages(runs: RunService, agent: str, given: str | list[dict[str, Any]]) -> list[Any]:
-    spec, _ = runs.profile(agent)
+def _messages(runs: RunService, spec: ToolSpec, given: str | list[dict[str, Any]]) -> list[Any]:
+    """The caller's input as the agent's endpoint takes it."""
     if isinstance(given, str):
         return [runs.endpoint(spec).user(given)]
     if not given or len(given) > MAX_INPUT_MESSAGES:
@@ -263,15 +262,14 @@ WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait f
 async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
     require(deps, who, Action.SUBMIT, body.agent)
     await deps.registry.refresh()
-    runs = await _runs_of(deps, body)
-    _, profile = runs.profile(body.agent)
+    spec, profile = await deps.runs.agent(body.agent, body.version)
     try:
         limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
     except (ValueError, ValidationError) as exc:
         raise RunInputError("/body/limits", _said(exc)) from exc
     start = StartRun(
         agent=body.agent,
-        input=_messages(runs, body.agent, body.input),
+        input=_messages(deps.runs, spec, body.input),
         principal=who.name,
         tenant=who.tenant,
         key_id=who.key_id,
@@ -279,6 +277,7 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
         context=body.context,
         limits=limits.model_dump(),
         tools=_tools(deps, who, profile),
+        version=body.version,
     )
     # A run's first round is a task of its caller's: the same guards as a submit's.
     per_caller = deps.settings.max_tasks_in_flight_per_principal
@@ -287,28 +286,13 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
         if in_flight >= per_caller:
             raise TooManyInFlightError(who.name, in_flight, per_caller)
     with deps.admission.admit(1, limit=deps.settings.max_queued_steps):
-        run = await runs.start(start)
+        run = await deps.runs.start(start)
     if wait > 0:
         run = await _waited(deps, run, wait)
     status = 200 if run.status in ENDED_RUN_STATES else 202
     return JSONResponse(
         _out(run), status_code=status, headers={"Location": f"/v1/runs/{run.run_id}"}
     )
-
-
-async def _runs_of(deps: Components, body: RunIn) -> RunService:
-    """What starts the run: the run service, on the version the body names if it names one."""
-    if body.version is None:
-        return deps.runs
-    spec = await deps.registry.version(body.agent, body.version)
-    if not is_agent(spec):
-        raise AgentNotFoundError(body.agent)
-    # RunService.start takes the agent's current version; until it takes a version, a copy of
-    # it whose profile is the pinned one starts the run (the rest of a run follows the version
-    # its row pinned).
-    pinned = copy.copy(deps.runs)
-    pinned.profile = lambda name: (spec, profile_of(spec))  # type: ignore[method-assign]
-    return pinned
 
 
 def _said(exc: Exception) -> str:
@@ -492,8 +476,9 @@ async def continue_run(
     run, _ = await deps.runs.read(run_id, who.tenant)
     require(deps, who, Action.SUBMIT, run.agent)
     await deps.registry.refresh()
+    spec, _ = await deps.runs.agent(run.agent, run.agent_version)  # the version it pinned
     run = await deps.runs.continue_run(
-        run_id, who.tenant, _messages(deps.runs, run.agent, body.input), actor=who.name
+        run_id, who.tenant, _messages(deps.runs, spec, body.input), actor=who.name
     )
     if wait > 0:
         run = await _waited(deps, run, wait)

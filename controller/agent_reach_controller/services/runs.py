@@ -91,6 +91,7 @@ class StartRun:
     limits: Mapping[str, Any]  # the caller's overrides (they only tighten)
     tools: list[str]  # what the model may call: the profile's patterns cut to the caller's rights
     trace_id: str | None = None
+    version: str | None = None  # the agent's version to run; None: its current one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,13 +130,26 @@ class RunService:
             raise AgentNotFoundError(name)
         return spec, profile_of(spec)
 
+    async def agent(self, name: str, version: str | None = None) -> tuple[ToolSpec, AgentProfile]:
+        """An agent's profile: its current version, or the `version` named (an earlier one, to
+        compare); AgentNotFoundError when there is no such agent or version."""
+        if version is None:
+            return self.profile(name)
+        try:
+            spec = await self._work.registry.version(name, version)
+        except LookupError:
+            raise AgentNotFoundError(f"{name}@{version}") from None
+        if spec.connector != MODEL_CONNECTOR:
+            raise AgentNotFoundError(name)
+        return spec, profile_of(spec)
+
     def endpoint(self, spec: ToolSpec) -> EndpointKind:
         return ENDPOINTS[str(spec.config["endpoint"])]
 
     # -- what callers ask -------------------------------------------------------------------------
 
     async def start(self, data: StartRun) -> RunRow:
-        spec, profile = self.profile(data.agent)
+        spec, profile = await self.agent(data.agent, data.version)
         limits = profile.limits.overridden(dict(data.limits))
         run_id = new_task_id()
         async with self._work.begin() as tx:
