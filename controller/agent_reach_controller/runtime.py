@@ -228,7 +228,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         environment_of=lambda tenant: policy.environment_for(tenant, settings.environment),
     )
     runs = RunService(work=work, intake=intake, receipt_budget=settings.receipt_budget_chars)
-    work.runs = runs
+    work.runs = runs.rounds_keeper
     return Components(
         settings=settings,
         db=db,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,8 +17,8 @@ from typing import Any
 from agent_reach.errors import ErrorCode
 from agent_reach.states import Transition
 from agent_reach_controller.decide.outcomes import terminal_values
-from agent_reach_controller.domain.records import RunRow, StepChange, StepRow
-from agent_reach_controller.tools.agents import Limits, Prices
+from agent_reach_controller.domain.records import RunMessage, RunRow, StepChange, StepRow
+from agent_reach_controller.tools.agents import AgentProfile, Limits, Prices
 from agent_reach_controller.tools.catalog import ToolSpec
 
 # The same tool with the same arguments this many times in one run ends it (`loop_detected`).
@@ -228,3 +228,69 @@ def told_unverified(step: StepRow, tool: ToolSpec, *, now: datetime) -> StepChan
     return StepChange(
         step=step, transition=Transition.RESOLVE_FAILED, values=values, event_data=verdict
     )
+
+
+# -- reading a run's conversation --------------------------------------------------------------
+
+
+def grounds_of(run: RunRow, conversation: Sequence[RunMessage]) -> dict[str, Any]:
+    """What a grounded argument may come from in a run: the caller's context and messages, and
+    every tool result the model has read; never the model's own words."""
+    return {
+        "context": run.context,
+        "input": [m.message for m in conversation if m.role == "user"],
+        "read": [m.message for m in conversation if m.role == "tool"],
+    }
+
+
+def this_turn(conversation: Sequence[RunMessage], role: str) -> list[RunMessage]:
+    """The entries of `role` since the caller's latest message."""
+    found: list[RunMessage] = []
+    for m in conversation:
+        if m.role == "user":
+            found = []
+        elif m.role == role:
+            found.append(m)
+    return found
+
+
+def mode_of(profile: AgentProfile, conversation: Sequence[RunMessage], tools: int) -> str:
+    """How the next reply is read: `route` (the router's call), `category` (a category of many
+    tools), or the profile's mode, or in `auto` what the router chose for the caller's latest
+    message."""
+    mode: str = profile.mode
+    if mode == "auto":
+        routed = this_turn(conversation, "route")
+        if not routed:
+            return "route"
+        mode = str(routed[-1].message.get("route", "react"))
+    many = tools > profile.category_threshold
+    if mode == "react" and many and not this_turn(conversation, "category"):
+        return "category"
+    return mode
+
+
+def chosen_category(conversation: Sequence[RunMessage]) -> str | None:
+    chosen = this_turn(conversation, "category")
+    name = chosen[-1].message.get("category") if chosen else None
+    return name if isinstance(name, str) else None
+
+
+def planning(conversation: Sequence[RunMessage]) -> bool:
+    """Planner mode: whether the next reply is a plan (none has run since the caller spoke)."""
+    return not this_turn(conversation, "tool")
+
+
+def round_of(goal: str) -> int:
+    """A round's number, from its task's goal (`round N of run …`, as a round is named)."""
+    words = goal.split()
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+
+
+def goal_of(conversation: Sequence[RunMessage]) -> str:
+    """The caller's latest words: what the run is for now."""
+    for m in reversed(conversation):
+        content = m.message.get("content")
+        if m.role == "user" and isinstance(content, str):
+            return " ".join(content.split())
+    return ""

@@ -23,7 +23,8 @@ from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.replay import dry_run
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
-from agent_reach_controller.services.runs import MODEL_STEP, RunService
+from agent_reach_controller.services.rounds import MODEL_STEP
+from agent_reach_controller.services.runs import RunService
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.tools.agents import profile_of
 from agent_reach_controller.tools.catalog import ToolCatalog
