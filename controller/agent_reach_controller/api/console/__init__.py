@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from agent_reach_controller.api.console import actions, pages
+from agent_reach_controller.api.console import actions, pages, runs
 from agent_reach_controller.api.console.query import BadQueryError
 from agent_reach_controller.api.console.render import NotSignedInError, page, to_sign_in
 
@@ -14,6 +14,7 @@ def install(app: FastAPI) -> None:
     """Serve the console on this app (any replica: its sessions are in the database)."""
     app.include_router(actions.router)
     app.include_router(pages.router)
+    app.include_router(runs.router)
 
     @app.exception_handler(NotSignedInError)
     async def not_signed_in(request: Request, _: NotSignedInError) -> Response:

@@ -135,6 +135,15 @@ async def cancel(found: SignedIn, task_id: str) -> Response:
     return found.redirect(f"/console/tasks/{task}?done=cancelled")
 
 
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(found: SignedIn, run_id: str) -> Response:
+    run = segment(run_id)
+    done = await _act(found, f"/v1/runs/{run}/cancel", what=f"cancelling run {run_id}")
+    if isinstance(done, Response):
+        return done
+    return found.redirect(f"/console/runs/{run}?done=cancelled")
+
+
 @router.post("/tasks/{task_id}/rerun")
 async def rerun(found: SignedIn, task_id: str) -> Response:
     path = f"/v1/tasks/{segment(task_id)}/rerun"

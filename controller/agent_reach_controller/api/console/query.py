@@ -128,6 +128,14 @@ def a_task_id(value: str) -> None:
         )
 
 
+def a_run_id(value: str) -> None:
+    if not _TASK_ID.fullmatch(value):  # a run's id is made as a task's is
+        raise ValueError(
+            "is not a run id (36 characters like 0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b): "
+            "follow the list's 'Older runs' link"
+        )
+
+
 def a_time(value: str) -> None:
     """A time: the form's date and time (read as UTC) or an RFC 3339 date-time."""
     if not (_LOCAL_TIME.fullmatch(value) or RFC3339.fullmatch(value)):

@@ -55,6 +55,13 @@ def _when(value: Any) -> str:
     return str(value)
 
 
+def _cost(value: Any) -> str:
+    """A cost in the price table's unit, to a millionth, without trailing zeros."""
+    if not isinstance(value, int | float):
+        return ""
+    return f"{value:.6f}".rstrip("0").rstrip(".") or "0"
+
+
 def _templates() -> Environment:
     env = Environment(
         loader=PackageLoader("agent_reach_controller.api.console", "templates"),
@@ -64,6 +71,7 @@ def _templates() -> Environment:
     )
     env.filters["pretty"] = _pretty
     env.filters["when"] = _when
+    env.filters["cost"] = _cost
     env.filters["segment"] = lambda v: segment(str(v))
     return env
 

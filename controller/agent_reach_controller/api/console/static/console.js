@@ -1,5 +1,6 @@
 // Agent-Reach console: progressive enhancement only. Every page works without this script;
-// with it, a task's timeline and step tree follow the task live, and edited arguments are
+// with it, a task's timeline and step tree follow the task live, a run's page follows the run
+// (its conversation, its rounds' steps, what it waits for), and edited arguments are
 // checked as JSON before they are sent. No third-party code, no inline script (the CSP forbids it).
 "use strict";
 
@@ -46,56 +47,119 @@
     tbody.appendChild(row);
   }
 
-  // Server-Sent Events read over fetch: any event name, cookies sent, and a resume with
-  // Last-Event-ID after a dropped connection (the stream's contract, see /v1 docs).
-  async function follow(table) {
-    const task = table.dataset.task;
-    const tbody = table.tBodies[0];
-    const live = document.getElementById("live");
-    let last = Number(table.dataset.after || "0");
-    let pause = 500;
-    const say = (text) => { if (live) live.textContent = text; };
-    for (;;) {
-      let ended = false;
-      try {
-        const headers = { Accept: "text/event-stream" };
-        if (last > 0) headers["Last-Event-ID"] = String(last);
-        const answer = await fetch("/v1/tasks/" + encodeURIComponent(task) + "/events?after=" + last,
-          { headers: headers, credentials: "same-origin", cache: "no-store" });
-        if (answer.status === 401) { say("(signed out: reload to sign in)"); return; }
-        if (!answer.ok || !answer.body) throw new Error("stream " + answer.status);
-        say("(live)");
-        pause = 500;
-        const reader = answer.body.getReader();
-        const decoder = new TextDecoder();
-        let buffer = "";
-        for (;;) {
-          const chunk = await reader.read();
-          if (chunk.done) break;
-          buffer += decoder.decode(chunk.value, { stream: true }).replace(/\r\n/g, "\n");
-          let cut;
-          while ((cut = buffer.indexOf("\n\n")) >= 0) {
-            const block = buffer.slice(0, cut);
-            buffer = buffer.slice(cut + 2);
-            const message = parse(block);
-            if (!message) continue;
-            if (message.event === "end") {
-              ended = true;
-              finish(message.data);
-            } else {
-              if (message.id) last = Math.max(last, Number(message.id));
-              if (message.data) appendEvent(tbody, message.data);
-              refreshSteps();
+  // One Server-Sent Events stream read over fetch: any event name, cookies sent, and a resume
+  // with Last-Event-ID after a dropped connection (the streams' contract, see /v1 docs), until
+  // it sends `end` or is stopped. `url(last)` is where to read after the event id `last`.
+  function stream(url, last, on) {
+    const control = new AbortController();
+    let stopped = false;
+    (async () => {
+      let pause = 500;
+      while (!stopped) {
+        let ended = false;
+        try {
+          const headers = { Accept: "text/event-stream" };
+          if (last > 0) headers["Last-Event-ID"] = String(last);
+          const answer = await fetch(url(last), {
+            headers: headers, credentials: "same-origin", cache: "no-store", signal: control.signal,
+          });
+          if (answer.status === 401) { on.say("(signed out: reload to sign in)"); return; }
+          if (!answer.ok || !answer.body) throw new Error("stream " + answer.status);
+          on.say("(live)");
+          pause = 500;
+          const reader = answer.body.getReader();
+          const decoder = new TextDecoder();
+          let buffer = "";
+          for (;;) {
+            const chunk = await reader.read();
+            if (chunk.done) break;
+            buffer += decoder.decode(chunk.value, { stream: true }).replace(/\r\n/g, "\n");
+            let cut;
+            while ((cut = buffer.indexOf("\n\n")) >= 0) {
+              const message = parse(buffer.slice(0, cut));
+              buffer = buffer.slice(cut + 2);
+              if (!message) continue;
+              if (message.event === "end") ended = true;
+              else if (message.id) last = Math.max(last, Number(message.id));
+              on.event(message);
             }
           }
+        } catch (err) {
+          if (stopped) return;
+          on.say("(reconnecting…)");
         }
-      } catch (err) {
-        say("(reconnecting…)");
+        if (ended) { on.ended(); return; }
+        await new Promise((r) => setTimeout(r, pause));
+        pause = Math.min(pause * 2, 10000);
       }
-      if (ended) { say("(finished)"); refreshSteps(); refreshSections(["summary", "dry-run-section"]); return; }
-      await new Promise((r) => setTimeout(r, pause));
-      pause = Math.min(pause * 2, 10000);
+    })();
+    return () => { stopped = true; control.abort(); };
+  }
+
+  function sayer(element) {
+    return (text) => { if (element) element.textContent = text; };
+  }
+
+  // A task's page: its timeline grows event by event, its steps are re-read as they move.
+  function followTask(table) {
+    const tbody = table.tBodies[0];
+    const say = sayer(document.getElementById("live"));
+    const url = (last) => "/v1/tasks/" + encodeURIComponent(table.dataset.task) + "/events?after=" + last;
+    stream(url, Number(table.dataset.after || "0"), {
+      say: say,
+      event(message) {
+        if (message.event === "end") { finish(message.data); return; }
+        if (message.data) appendEvent(tbody, message.data);
+        refreshSteps();
+      },
+      ended() { say("(finished)"); refreshSteps(); refreshSections(["summary", "dry-run-section"]); },
+    });
+  }
+
+  // A run's page follows the run (its conversation, its status, its rounds) and the task of its
+  // current round (its calls' steps moving, one waiting for approval), and re-reads its sections.
+  const RUN_SECTIONS = ["run-summary", "answer-section", "waiting", "conversation", "rounds"];
+
+  function followRun(live) {
+    const say = sayer(live);
+    const refresh = serially(() => refreshSections(RUN_SECTIONS, true));
+    for (const id of RUN_SECTIONS) {
+      const here = document.getElementById(id);
+      if (here) shownHtml.set(id, here.innerHTML);
     }
+    let task = "";
+    let stopTask = null;
+    const watch = (id) => {
+      if (id === task) return;
+      if (stopTask) stopTask();
+      task = id;
+      stopTask = id ? stream((last) => "/v1/tasks/" + encodeURIComponent(id) + "/events?after=" + last,
+        0, { say() {}, event: refresh, ended: refresh }) : null;
+    };
+    watch(live.dataset.task || "");
+    let state = "";
+    stream(() => "/v1/runs/" + encodeURIComponent(live.dataset.run) + "/events",
+      Number(live.dataset.after || "0"), {
+        say: say,
+        event(message) {
+          const data = message.data || {};
+          if (message.event !== "status") { refresh(); return; }
+          watch(data.task_id || "");
+          const now = [data.status, data.round, data.task_id].join(" ");
+          if (now !== state) { state = now; refresh(); }
+        },
+        ended() { say("(finished)"); watch(""); refresh(); },
+      });
+  }
+
+  // At most one re-read at a time, a quarter second after the last ask: in order, never stale.
+  function serially(work) {
+    let timer = null;
+    let chain = Promise.resolve();
+    return () => {
+      if (timer) return;
+      timer = setTimeout(() => { timer = null; chain = chain.then(work, work); }, 250);
+    };
   }
 
   function parse(block) {
@@ -145,16 +209,29 @@
     }, 250);
   }
 
-  // Once a task has ended, its summary (actions, finish time) and dry run are re-read.
-  async function refreshSections(ids) {
+  // Sections of this page re-read from the server. With `changedOnly`, a section is replaced only
+  // when the server's HTML of it changed, so a form someone is filling in stays as it is.
+  const shownHtml = new Map();
+  async function refreshSections(ids, changedOnly) {
     const answer = await fetch(location.pathname, { credentials: "same-origin", cache: "no-store" });
     if (!answer.ok) return;
     const doc = new DOMParser().parseFromString(await answer.text(), "text/html");
     for (const id of ids) {
       const fresh = doc.getElementById(id);
       const here = document.getElementById(id);
-      if (fresh && here) here.replaceWith(document.importNode(fresh, true));
+      if (!fresh || !here) continue;
+      if (changedOnly && shownHtml.get(id) === fresh.innerHTML) continue;
+      shownHtml.set(id, fresh.innerHTML);
+      here.replaceWith(document.importNode(fresh, true));
     }
+  }
+
+  // A link to one step of a task (from a run's page) opens that step's details.
+  function openLinkedStep() {
+    if (!location.hash.startsWith("#step-")) return;
+    const step = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    const details = step && step.querySelector("details");
+    if (details) details.open = true;
   }
 
   function checkJson(area) {
@@ -167,7 +244,10 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const table = document.getElementById("timeline");
-    if (table && table.dataset.terminal !== "yes") follow(table);
+    if (table && table.dataset.terminal !== "yes") followTask(table);
+    const live = document.getElementById("live");
+    if (live && live.dataset.run && live.dataset.terminal !== "yes") followRun(live);
+    openLinkedStep();
     for (const area of document.querySelectorAll("textarea[data-json]")) {
       area.addEventListener("input", () => checkJson(area));
     }
