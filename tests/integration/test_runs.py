@@ -868,3 +868,27 @@ async def test_a_runs_replay_shows_each_round_and_a_dry_run_reports_a_changed_to
     assert after["identical"] is False
     [difference] = after["rounds"][0]["differences"]
     assert "tool echo.say changed since" in difference
+
+
+async def test_an_idempotency_key_starts_one_run_however_often_it_is_sent(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ScriptedModels([answer("once"), answer("twice")]) as models:
+        models.hold()
+        async with stack(database_url, tmp_path, monkeypatch) as (_, api):
+            await put_agent(api, "helper", profile(models))
+            body = {"agent": "helper", "input": "Once."}
+            key = {"Idempotency-Key": "order-1042"}
+            together = await asyncio.gather(
+                *(api.post("/v1/runs", json=body, headers=key) for _ in range(4))
+            )
+            again = await api.post("/v1/runs", json=body, headers=key)
+            other = await api.post("/v1/runs", json=body | {"input": "Other."}, headers=key)
+            models.release()
+            listed = (await api.get("/v1/runs")).json()["runs"]
+    assert {a.status_code for a in together} == {202}, [a.text for a in together]
+    started = {a.json()["run_id"] for a in [*together, again]}
+    assert len(started) == 1
+    assert [r["run_id"] for r in listed] == list(started)
+    assert other.status_code == 409, other.text
+    assert other.json()["code"] == "idempotency_conflict"

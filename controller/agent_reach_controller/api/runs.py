@@ -34,6 +34,7 @@ from agent_reach_controller.identity.policy import Action, Principal
 from agent_reach_controller.planning import planner
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.feed import FollowInput
+from agent_reach_controller.services.intake import request_hash
 from agent_reach_controller.services.run_replay import RunReplayer
 from agent_reach_controller.services.runs import (
     RunInputError,
@@ -256,10 +257,22 @@ WaitQuery = Annotated[float, Query(ge=0, le=3600, description="Seconds to wait f
     "",
     status_code=202,
     response_model=RunOut,
-    responses=problem_responses(400, 403, 404, 413, 422, 429),
+    responses=problem_responses(400, 403, 404, 409, 413, 422, 429),
     summary="Start an agent run (202; 200 when it ended within ?wait)",
 )
-async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -> Response:
+async def start_run(
+    body: RunIn,
+    deps: Deps,
+    who: Caller,
+    wait: WaitQuery = 0,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="One run per key (per caller): a repeat answers the first start's run",
+        ),
+    ] = None,
+) -> Response:
     require(deps, who, Action.SUBMIT, body.agent)
     await deps.registry.refresh()
     spec, profile = await deps.runs.agent(body.agent, body.version)
@@ -278,6 +291,8 @@ async def start_run(body: RunIn, deps: Deps, who: Caller, wait: WaitQuery = 0) -
         limits=limits.model_dump(),
         tools=_tools(deps, who, profile),
         version=body.version,
+        idempotency_key=idempotency_key,
+        fingerprint=request_hash(body.model_dump(mode="json")),
     )
     # A run's first round is a task of its caller's: the same guards as a submit's.
     per_caller = deps.settings.max_tasks_in_flight_per_principal

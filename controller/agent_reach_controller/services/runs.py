@@ -26,16 +26,25 @@ from agent_reach_controller.domain.records import (
     StepRow,
 )
 from agent_reach_controller.planning.endpoints import EndpointKind
-from agent_reach_controller.services.intake import IntakeService
+from agent_reach_controller.services.intake import IdempotencyConflictError, IntakeService
 from agent_reach_controller.services.rounds import Rounds, ended_values, endpoint_of
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
+from agent_reach_controller.storage import idempotency
 from agent_reach_controller.storage import runs as run_store
 from agent_reach_controller.storage import steps as store
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, profile_of
 from agent_reach_controller.tools.catalog import ToolSpec
 
+# How many times a start retries when the first holder of its Idempotency-Key vanishes between
+# the conflict and the look-up (only if the key's record is deleted meanwhile).
+_KEY_RACES = 3
 # What a run waits for a person on (RunStatus.WAITING, shown while a step of its round is so).
 _A_PERSONS = frozenset({StepStatus.AWAITING_APPROVAL, StepStatus.OUTCOME_UNKNOWN})
+
+
+def _key_scope(principal: str) -> str:
+    """Whose Idempotency-Keys a run's is one of: the caller's runs', apart from its tasks'."""
+    return f"runs:{principal}"
 
 
 class AgentNotFoundError(LookupError):
@@ -76,6 +85,10 @@ class StartRun:
     tools: list[str]  # what the model may call: the profile's patterns cut to the caller's rights
     trace_id: str | None = None
     version: str | None = None  # the agent's version to run; None: its current one
+    # A caller's Idempotency-Key: one run per (principal, key); `fingerprint` is what a repeat
+    # must match (the request's hash), else IdempotencyConflictError.
+    idempotency_key: str | None = None
+    fingerprint: str = ""
 
 
 class RunService:
@@ -115,6 +128,33 @@ class RunService:
     # -- what callers ask -------------------------------------------------------------------------
 
     async def start(self, data: StartRun) -> RunRow:
+        """A new run, its first round queued; with an Idempotency-Key another start already
+        took, that start's run (nothing new is stored)."""
+        for _ in range(_KEY_RACES):
+            try:
+                return await self._start(data)
+            except idempotency.KeyTakenError:
+                pass
+            started = await self._started(data)
+            if started is not None:
+                return started
+        raise RuntimeError("an Idempotency-Key kept appearing and vanishing")  # pragma: no cover
+
+    async def _started(self, data: StartRun) -> RunRow | None:
+        """The run an Idempotency-Key already started (None if its record is gone)."""
+        assert data.idempotency_key is not None
+        async with self._work.db.transaction() as conn:
+            stored = await idempotency.load_idempotency_key(
+                conn, _key_scope(data.principal), data.idempotency_key
+            )
+            if stored is None:
+                return None
+            fingerprint, run_id = stored
+            if fingerprint != data.fingerprint:
+                raise IdempotencyConflictError(run_id)
+            return await run_store.load_run(conn, run_id)
+
+    async def _start(self, data: StartRun) -> RunRow:
         spec, profile = await self.agent(data.agent, data.version)
         limits = profile.limits.overridden(dict(data.limits))
         run_id = new_task_id()
@@ -153,6 +193,15 @@ class RunService:
                 "deadline": deadline,
             }
             run = RunRow.from_mapping(row)
+            if data.idempotency_key is not None:
+                key = {
+                    "principal": _key_scope(data.principal),
+                    "key": data.idempotency_key,
+                    "request_hash": data.fingerprint,
+                    "task_id": run_id,  # the run this key started
+                    "created_at": now,
+                }
+                await idempotency.claim_idempotency_key(tx.conn, key)
             task_id = await self._rounds.new_round(tx, run, 1)
             await run_store.insert_run(tx.conn, row | {"task_id": task_id})
             await run_store.append_messages(

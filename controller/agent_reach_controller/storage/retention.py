@@ -64,6 +64,11 @@ async def prune_finished_runs(
     for table in (run_messages, runs):
         result = await conn.execute(sa.delete(table).where(table.c.run_id.in_(ids)))
         deleted[table.name] = result.rowcount or 0
+    # The Idempotency-Keys that started them (their `task_id` is the run's).
+    keys = await conn.execute(
+        sa.delete(idempotency_keys).where(idempotency_keys.c.task_id.in_(ids))
+    )
+    deleted[idempotency_keys.name] = keys.rowcount or 0
     return deleted
 
 
