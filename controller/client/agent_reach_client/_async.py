@@ -211,7 +211,7 @@ class AsyncClient:
     async def delete_agent(self, name: str, *, if_revision: int | None = None) -> None:
         await self._send(_calls.delete_agent(name, if_revision))
 
-    async def start_run(
+    async def start_run(  # noqa: PLR0913 - the run's parts, all by keyword
         self,
         agent: str,
         input: RunInput,
@@ -220,10 +220,11 @@ class AsyncClient:
         context: dict[str, Any] | None = None,
         limits: RunLimits | None = None,
         wait: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Run:
         """See `Client.start_run`."""
         body = _calls.run_body(agent, input, subject, context, limits)
-        call = _calls.start_run(body, wait)
+        call = _calls.start_run(body, wait, idempotency_key)
         return cast(Run, await self._send(call, read_timeout=self._timeout(wait)))
 
     async def get_run(self, run_id: str, *, wait: float | None = None) -> Run:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from agent_reach_client._core import Call
@@ -70,9 +71,10 @@ def delete_agent(name: str, if_revision: int | None) -> Call:
     return Call("DELETE", f"/v1/agents/{name}", headers=_if_match(if_revision))
 
 
-def start_run(body: dict[str, Any], wait: float | None) -> Call:
-    # A second POST would start a second run.
-    return Call("POST", "/v1/runs", params=_waiting(wait), json=body, repeatable=False)
+def start_run(body: dict[str, Any], wait: float | None, idempotency_key: str | None) -> Call:
+    # With its Idempotency-Key a POST sent again answers the first start's run: safe to repeat.
+    headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4()}"}
+    return Call("POST", "/v1/runs", params=_waiting(wait), json=body, headers=headers)
 
 
 def run_body(

@@ -217,7 +217,7 @@ class Client:
     def delete_agent(self, name: str, *, if_revision: int | None = None) -> None:
         self._send(_calls.delete_agent(name, if_revision))
 
-    def start_run(
+    def start_run(  # noqa: PLR0913 - the run's parts, all by keyword
         self,
         agent: str,
         input: RunInput,
@@ -226,11 +226,15 @@ class Client:
         context: dict[str, Any] | None = None,
         limits: RunLimits | None = None,
         wait: float | None = None,
+        idempotency_key: str | None = None,
     ) -> Run:
         """Start an agent run on `input` (text, or messages in the agent's endpoint's shape);
-        with `wait`, the run as it stands when it ended or the wait did."""
+        with `wait`, the run as it stands when it ended or the wait did. It carries an
+        Idempotency-Key (`idempotency_key`, else a new one), so a lost connection is retried
+        without starting a second run."""
         body = _calls.run_body(agent, input, subject, context, limits)
-        return cast(Run, self._send(_calls.start_run(body, wait), read_timeout=self._timeout(wait)))
+        call = _calls.start_run(body, wait, idempotency_key)
+        return cast(Run, self._send(call, read_timeout=self._timeout(wait)))
 
     def get_run(self, run_id: str, *, wait: float | None = None) -> Run:
         """A run with its conversation (`wait`: until it ends, at most)."""
