@@ -19,7 +19,7 @@ from agent_reach import metrics as m
 from agent_reach.errors import ErrorCode
 from agent_reach.states import StepStatus, Transition, target
 from agent_reach_controller.decide.outcomes import AttemptResult
-from agent_reach_controller.domain.records import QueuedGroup, StepChange, StepRow
+from agent_reach_controller.domain.records import QueuedGroup, RunRow, StepChange, StepRow
 from agent_reach_controller.planning import fanout
 from agent_reach_controller.storage.engine import Connection, after_commit
 
@@ -208,45 +208,86 @@ class ControllerMetrics:
         self._model_calls = Counter(
             m.MODEL_CALLS,
             "Model calls of agent runs that completed.",
-            [m.AGENT, m.MODEL],
+            [m.AGENT, m.VERSION, m.MODEL],
             registry=r,
         )
         self._model_tokens = Counter(
             m.MODEL_TOKENS,
             "Tokens agent runs were charged for: at least what was sent, whatever a reply said.",
-            [m.AGENT, m.MODEL, m.KIND],
+            [m.AGENT, m.VERSION, m.MODEL, m.KIND],
             registry=r,
         )
         self._model_cost = Counter(
             m.MODEL_COST,
             "What agent runs' model calls cost, in the profile's price table's units.",
-            [m.AGENT, m.MODEL],
+            [m.AGENT, m.VERSION, m.MODEL],
             registry=r,
         )
         self._runs_ended = Counter(
             m.RUNS_ENDED,
             "Agent runs ended, by status and reason.",
-            [m.AGENT, m.STATUS, m.REASON],
+            [m.AGENT, m.VERSION, m.STATUS, m.REASON],
+            registry=r,
+        )
+        self._run_rounds = Counter(
+            m.RUN_ROUNDS, "Rounds of the agent runs that ended.", [m.AGENT, m.VERSION], registry=r
+        )
+        self._runs_ungrounded = Counter(
+            m.RUNS_UNGROUNDED,
+            "Agent runs that answered with claims nothing the model read supports.",
+            [m.AGENT, m.VERSION],
+            registry=r,
+        )
+        self._run_tool_calls = Counter(
+            m.RUN_TOOL_CALLS,
+            "Tool calls of agent runs' rounds, by how they ended (succeeded or failed).",
+            [m.AGENT, m.VERSION, m.OUTCOME],
             registry=r,
         )
 
     # -- agent runs -------------------------------------------------------------------------------
 
     def model_called(
-        self, conn: Connection, agent: str, model: str, tokens: Mapping[str, int], cost: float
+        self,
+        conn: Connection,
+        run: RunRow,
+        model: str,
+        tokens: Mapping[str, int],
+        cost: float,
     ) -> None:
         """A run's model call, charged, once its transaction commits."""
+        who = (run.agent, run.agent_version)
 
         def record() -> None:
-            self._child(self._model_calls, agent, model).inc()
+            self._child(self._model_calls, *who, model).inc()
             for kind in m.TOKEN_KINDS:
-                self._child(self._model_tokens, agent, model, kind).inc(tokens.get(kind, 0))
-            self._child(self._model_cost, agent, model).inc(cost)
+                self._child(self._model_tokens, *who, model, kind).inc(tokens.get(kind, 0))
+            self._child(self._model_cost, *who, model).inc(cost)
 
         after_commit(conn, record)
 
-    def run_ended(self, conn: Connection, agent: str, status: str, reason: str) -> None:
-        after_commit(conn, lambda: self._child(self._runs_ended, agent, status, reason).inc())
+    def run_ended(
+        self, conn: Connection, run: RunRow, status: str, reason: str, *, ungrounded: bool
+    ) -> None:
+        """A run's end (its rounds, whether its answer made claims up), once it commits."""
+        who = (run.agent, run.agent_version)
+
+        def record() -> None:
+            self._child(self._runs_ended, *who, status, reason).inc()
+            self._child(self._run_rounds, *who).inc(run.round - run.turn_start + 1)
+            if ungrounded:
+                self._child(self._runs_ungrounded, *who).inc()
+
+        after_commit(conn, record)
+
+    def run_tool_calls(self, conn: Connection, run: RunRow, failed: int, succeeded: int) -> None:
+        who = (run.agent, run.agent_version)
+
+        def record() -> None:
+            self._child(self._run_tool_calls, *who, "failed").inc(failed)
+            self._child(self._run_tool_calls, *who, "succeeded").inc(succeeded)
+
+        after_commit(conn, record)
 
     # -- dispatch -------------------------------------------------------------------------------
 

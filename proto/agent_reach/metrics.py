@@ -43,10 +43,14 @@ SWEEP_FAILURES: Final = "agent_reach_sweep_failures"  # counter {sweep}
 SUBMIT_GROUP_SIZE: Final = "agent_reach_submit_group_size"  # histogram: submits per transaction
 SUBMIT_GROUPS_SPLIT: Final = "agent_reach_submit_groups_split"  # counter
 # Agent runs: model calls and what they counted for, per agent and model; runs by their end.
-MODEL_CALLS: Final = "agent_reach_model_calls"  # counter {agent, model}
-MODEL_TOKENS: Final = "agent_reach_model_tokens"  # counter {agent, model, kind}: see TOKEN_KINDS
-MODEL_COST: Final = "agent_reach_model_cost"  # counter {agent, model}: the price table's units
-RUNS_ENDED: Final = "agent_reach_runs_ended"  # counter {agent, status, reason}
+MODEL_CALLS: Final = "agent_reach_model_calls"  # counter {agent, version, model}
+MODEL_TOKENS: Final = "agent_reach_model_tokens"  # counter {agent, version, model, kind}
+MODEL_COST: Final = "agent_reach_model_cost"  # counter {agent, version, model}: price units
+RUNS_ENDED: Final = "agent_reach_runs_ended"  # counter {agent, version, status, reason}
+# Per agent version, to judge it by (completion: RUNS_ENDED by reason; these the rest).
+RUN_ROUNDS: Final = "agent_reach_run_rounds"  # counter {agent, version}: rounds of ended runs
+RUNS_UNGROUNDED: Final = "agent_reach_runs_ungrounded"  # counter {agent, version}
+RUN_TOOL_CALLS: Final = "agent_reach_run_tool_calls"  # counter {agent, version, outcome}
 TOKEN_KINDS: Final = ("input", "output", "cached")
 # Executor.
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
@@ -63,6 +67,7 @@ STATE: Final = "state"
 RESULT: Final = "result"
 CHANNEL: Final = "channel"
 AGENT: Final = "agent"
+VERSION: Final = "version"
 MODEL: Final = "model"
 KIND: Final = "kind"
 STATUS: Final = "status"

@@ -175,6 +175,12 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
             calls = c.metrics.total("agent_reach_model_calls_total", agent="helper")
             charged = c.metrics.total("agent_reach_model_tokens_total", kind="input")
             ended = c.metrics.total("agent_reach_runs_ended_total", reason="answered")
+            judged = (
+                c.metrics.total("agent_reach_run_rounds_total", agent="helper"),
+                c.metrics.total("agent_reach_run_tool_calls_total", outcome="succeeded"),
+                c.metrics.total("agent_reach_run_tool_calls_total", outcome="failed"),
+                c.metrics.total("agent_reach_runs_ungrounded_total"),
+            )
     assert done["status"] == "succeeded", done
     assert done["end_reason"] == "answered"
     assert done["answer"] == "The echo said hi and there."
@@ -202,6 +208,7 @@ async def test_a_run_calls_tools_then_answers_in_each_endpoint_kind(
     assert done["tokens"]["output"] > 0
     assert KEY not in str(done)
     assert (calls, charged, ended) == (2, done["tokens"]["input"], 1)
+    assert judged == (2, 2, 0, 0)  # 2 rounds, 2 tool calls that succeeded, no made-up claim
     # Each model step records what it was charged, beside what its reply claimed.
     [used] = [e["data"] for e in events if e["kind"] == "model_usage"]
     assert used["round"] == 2

@@ -232,7 +232,7 @@ class Rounds:
             "output": usage.output_tokens,
             "cached": usage.cached_tokens,
         }
-        self._work.metrics.model_called(tx.conn, run.agent, model, tokens, usage.cost)
+        self._work.metrics.model_called(tx.conn, run, model, tokens, usage.cost)
         reported = output.get("usage") if isinstance(output, dict) else None
         charged = {"model": model, "charged": tokens, "cost": usage.cost}
         await event_log.append_events(
@@ -410,6 +410,8 @@ class Rounds:
             return
         endpoint = endpoint_of(self._work.registry.get(model.tool, model.tool_version))
         answers = self._answers(task, steps)
+        failed = sum(a.is_error for a in answers)
+        self._work.metrics.run_tool_calls(tx.conn, run, failed, len(answers) - failed)
         conversation = (await run_store.load_messages(tx.conn, [run.run_id]))[run.run_id]
         said = [m.message for m in conversation if m.role == "assistant" and m.round == run.round]
         if endpoint.calls_in(said) or not answers:
@@ -509,4 +511,5 @@ class Rounds:
         if status == RunStatus.FAILED:
             values["error"] = error or {"code": reason, "message": detail}
         await run_store.update_run(tx.conn, run, values, now=tx.now)
-        self._work.metrics.run_ended(tx.conn, run.agent, status, reason)
+        claims = values.get("ungrounded_claims")
+        self._work.metrics.run_ended(tx.conn, run, status, reason, ungrounded=bool(claims))

@@ -258,7 +258,7 @@ class RunService:
             values = ended_values(RunStatus.CANCELLED, EndReason.CANCELLED, tx.now)
             await run_store.update_run(tx.conn, run, values, now=tx.now)
             self._work.metrics.run_ended(
-                tx.conn, run.agent, RunStatus.CANCELLED, EndReason.CANCELLED
+                tx.conn, run, RunStatus.CANCELLED, EndReason.CANCELLED, ungrounded=False
             )
             await tx.audit(
                 actor=actor, tenant=tenant, action="run.cancel", target=f"run:{run_id}", data={}
