@@ -345,6 +345,8 @@ async def test_a_dangerous_call_pauses_the_run_for_approval_and_nothing_runs_twi
             await put_agent(api, "payer", profile(models, tools=["pay.*"]))
             run_id = await started(api, {"agent": "payer", "input": "Pay 5 dollars."})
             waiting = await step_of(c, api, run_id, "awaiting_approval")
+            [listed] = (await api.get("/v1/runs")).json()["runs"]
+            assert listed["status"] == "waiting"  # the list says so too
             paused = (await api.get(f"/v1/runs/{run_id}")).json()
             assert paused["status"] == "waiting"
             assert paused["waiting_for"] == [

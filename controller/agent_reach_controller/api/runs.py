@@ -332,7 +332,8 @@ async def list_runs(
     before: Annotated[str | None, Query(max_length=36)] = None,
 ) -> Response:
     runs = await deps.runs.listed(who.tenant, limit=limit, before=before)
-    return JSONResponse({"runs": [_out(r) for r in runs]})
+    waiting = await deps.runs.waiting(runs)
+    return JSONResponse({"runs": [_out(r, waiting=waiting.get(r.run_id, ())) for r in runs]})
 
 
 @router.get(
@@ -404,10 +405,13 @@ async def _run_stream(
             data = {"seq": m.seq, "round": m.round, "role": m.role, "message": m.message}
             yield _sse("message", data, event_id=m.seq)
         after = fresh[-1].seq if fresh else after
-        state = (run.status, run.round, run.task_id)
+        waiting = (await deps.runs.waiting([run])).get(run.run_id, [])
+        status = RunStatus.WAITING if waiting else run.status
+        state = (status, run.round, run.task_id, tuple(s.step_id for s in waiting))
         if state != shown:
             shown = state
-            yield _sse("status", {"status": run.status, "round": run.round, "task_id": run.task_id})
+            said = {"status": status, "round": run.round, "task_id": run.task_id}
+            yield _sse("status", said | {"waiting_for": [s.step_id for s in waiting]})
         if run.status in ENDED_RUN_STATES or run.task_id is None:
             yield _sse("end", _out(run))
             return

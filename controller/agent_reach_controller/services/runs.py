@@ -278,6 +278,24 @@ class RunService:
             found = await run_store.rounds_of(conn, run.run_id)
         return [(rules.round_of(goal), task_id, status) for task_id, status, goal in found]
 
+    async def waiting(self, runs: Sequence[RunRow]) -> dict[str, list[StepRow]]:
+        """For each running run of `runs` whose round waits for a person, the steps it waits on
+        (one read for them all)."""
+        current = {
+            r.task_id: r.run_id
+            for r in runs
+            if r.status not in ENDED_RUN_STATES and r.task_id is not None
+        }
+        if not current:
+            return {}
+        async with self._work.db.transaction() as conn:
+            steps = await store.load_steps(conn, current)
+        found: dict[str, list[StepRow]] = {}
+        for step in steps:
+            if step.status in _A_PERSONS:
+                found.setdefault(current[step.task_id], []).append(step)
+        return found
+
     async def waiting_for(self, run: RunRow) -> list[StepRow]:
         """The steps of a running run's round that wait for a person: an approval, or a
         verdict on an outcome nobody knows."""
