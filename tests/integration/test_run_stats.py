@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_runs import profile, put_agent, run, stack
+from tests.integration.runs_stack import profile, put_agent, run, stack
 from tests.support.models import ScriptedModels, answer, call_tools
 
 PRICES = {"input": 2.0, "output": 8.0}
