@@ -109,11 +109,8 @@ class Rounds:
         profile = profile_of(spec)
         tools = self._tools_of(run)
         limits = Limits.model_validate(run.limits)
-        system, schema, mode = (
-            profile.system,
-            None,
-            rules.mode_of(profile, conversation, len(tools)),
-        )
+        mode = rules.mode_of(profile, conversation, len(tools))
+        system, schema = profile.system, None
         if mode == "route":  # the router: how to handle the message, said in JSON
             system = _joined(system, planner.router_instructions(tools))
             schema, tools = planner.ROUTE_SCHEMA, []

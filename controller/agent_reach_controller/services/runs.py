@@ -98,7 +98,6 @@ class RunService:
         self._work = work
         # What moves a run's rounds (the unit of work's hooks) and builds its model requests.
         self.rounds_keeper = Rounds(work=work, intake=intake, receipt_budget=receipt_budget)
-        self._rounds = self.rounds_keeper
 
     # -- profiles ---------------------------------------------------------------------------------
 
@@ -202,7 +201,7 @@ class RunService:
                     "created_at": now,
                 }
                 await idempotency.claim_idempotency_key(tx.conn, key)
-            task_id = await self._rounds.new_round(tx, run, 1)
+            task_id = await self.rounds_keeper.new_round(tx, run, 1)
             await run_store.insert_run(tx.conn, row | {"task_id": task_id})
             await run_store.append_messages(
                 tx.conn, run_id, 1, [("user", m) for m in data.input], now=now
@@ -228,7 +227,7 @@ class RunService:
             await run_store.append_messages(
                 tx.conn, run_id, number, [("user", m) for m in messages], now=tx.now
             )
-            task_id = await self._rounds.new_round(tx, run, number)
+            task_id = await self.rounds_keeper.new_round(tx, run, number)
             values: dict[str, Any] = {
                 "status": RunStatus.RUNNING,
                 "end_reason": None,
@@ -319,8 +318,8 @@ class RunService:
 
     async def with_requests(self, claimed: Sequence[StepRow]) -> list[StepRow]:
         """Leased steps, each model step given the request its run's conversation makes now."""
-        return await self._rounds.with_requests(claimed)
+        return await self.rounds_keeper.with_requests(claimed)
 
     def request_for(self, run: RunRow, spec: ToolSpec, conversation: Sequence[RunMessage]) -> Any:
         """The model request a run's conversation makes (a replay shows it for each round)."""
-        return self._rounds.request_for(run, spec, conversation)
+        return self.rounds_keeper.request_for(run, spec, conversation)
