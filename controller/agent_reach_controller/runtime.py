@@ -33,6 +33,7 @@ from agent_reach_controller.services.limiter import (
     RedisLimiter,
     SqlLimiter,
 )
+from agent_reach_controller.services.memory import MemoryLimits, MemoryService
 from agent_reach_controller.services.operator import OperatorService
 from agent_reach_controller.services.queries import TaskQueries
 from agent_reach_controller.services.registry import ToolRegistry
@@ -70,6 +71,7 @@ class Components:
     # The use cases, one service per job.
     intake: IntakeService
     runs: RunService
+    memory: MemoryService  # what runs learned about their subjects
     queries: TaskQueries
     operator: OperatorService
     admission: AdmissionService
@@ -229,6 +231,16 @@ async def open_components(settings: ControllerSettings) -> Components:
     )
     runs = RunService(work=work, intake=intake, receipt_budget=settings.receipt_budget_chars)
     work.runs = runs.rounds_keeper
+    memory = MemoryService(
+        db=db,
+        limits=MemoryLimits(
+            per_subject=settings.memory_per_subject,
+            retention=timedelta(days=settings.memory_retention_days)
+            if settings.memory_retention_days > 0
+            else None,
+        ),
+        key=settings.memory_key.get_secret_value().encode() if settings.memory_key else None,
+    )
     return Components(
         settings=settings,
         db=db,
@@ -238,6 +250,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         work=work,
         intake=intake,
         runs=runs,
+        memory=memory,
         queries=TaskQueries(db=db, notifier=notifier),
         operator=operator,
         admission=admission,
@@ -300,6 +313,8 @@ def sweeps_of(components: Components) -> list[Sweep]:
             share=0.1,
         ),
         Sweep(name="session_prune", run=prune_sessions, every=600.0),
+        # Memories that expired or outlived memory's retention: forgotten, as a delete is.
+        Sweep(name="memory_expiry", run=components.memory.prune, every=60.0),
         # Deletes in small batches; a minute apart is plenty for anything kept for days.
         *(
             [Sweep(name="retention", run=components.retention.prune, every=60.0)]

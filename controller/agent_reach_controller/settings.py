@@ -87,6 +87,21 @@ class ControllerSettings(BaseSettings):
         description="Remove sealed audit entries this many days old, behind a checkpoint the "
         "chain is verified from; 0 keeps the whole log",
     )
+    memory_per_subject: int = Field(
+        1000, ge=1, le=100_000, description="Long-term memories one subject may hold"
+    )
+    memory_retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="Delete memories not updated for this many days (really deleted, as a "
+        "forget is); 0 keeps them until they expire or are forgotten. Task retention never "
+        "touches memory",
+    )
+    memory_key: SecretStr | None = Field(
+        None,
+        description="The key of the HMACs that name a subject or a memory's text in the audit "
+        "log (32+ bytes, hex or text); unset, one is made and kept in the database",
+    )
     retention_batch: int = Field(
         500, ge=1, le=10_000, description="Tasks deleted per retention transaction"
     )

@@ -259,3 +259,41 @@ class RunMessage:
     round: int
     role: str  # user, assistant or tool
     message: dict[str, Any]
+
+
+class MemoryOrigin(StrEnum):
+    """Who a memory's content came from: it decides whether recall may inject it."""
+
+    USER = "user"  # a caller wrote it (API, CLI, console)
+    MODEL = "model"  # a run wrote it from what its user said
+    RECEIPT = "receipt"  # a run wrote it after reading a tool's output: data, never instruction
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRow:
+    """One long-term memory of a subject (storage/schema.py, `memories`)."""
+
+    memory_id: str
+    tenant: str
+    subject: str
+    type: str
+    key: str
+    text: str
+    value: Any
+    origin: MemoryOrigin
+    confidence: float
+    pinned: bool
+    source: dict[str, Any] | None
+    written_by: str
+    mark: str
+    embedding: bytes | None
+    embedding_model: str | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[Any, Any]) -> MemoryRow:
+        fields = {name: row[name] for name in cls.__dataclass_fields__}
+        return cls(**fields | {"origin": MemoryOrigin(row["origin"])})

@@ -191,6 +191,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=5000")
+    # A deleted row's bytes are overwritten, not left in free pages (a forgotten memory).
+    cursor.execute("PRAGMA secure_delete=ON")
     cursor.close()
 
 

@@ -592,3 +592,51 @@ run_messages = sa.Table(
     _now_column("created_at"),
     sa.PrimaryKeyConstraint("run_id", "seq", name="pk_run_messages"),
 )
+
+
+# Long-term memory (0029): what runs learned about a subject (the end user a run acts for, named
+# by the caller). One entry per (tenant, subject, type, key); its text lives here and nowhere
+# else that outlives a delete (services/memory.py scrubs the copies a run made). The full-text
+# index is the backend's own: a generated `search` tsvector with a GIN index on Postgres, the
+# FTS5 table `memories_fts` (rowid = the entry's rowid) on SQLite; neither is modelled here.
+memories = sa.Table(
+    "memories",
+    metadata,
+    sa.Column("memory_id", sa.String(36), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("subject", sa.String(256), nullable=False),
+    sa.Column("type", sa.String(16), nullable=False),
+    sa.Column("key", sa.String(128), nullable=False),
+    sa.Column("text", sa.Text(), nullable=False),
+    sa.Column("value", Json),
+    # user (a caller wrote it), model (a run wrote it from what the user said), or receipt
+    # (a run wrote it after reading a tool's output: never injected as an instruction).
+    sa.Column("origin", sa.String(16), nullable=False),
+    sa.Column("confidence", sa.Float(), nullable=False, server_default="1"),
+    sa.Column("pinned", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("source", Json),  # {run, task, step, receipt}: where it came from
+    sa.Column("written_by", sa.String(160), nullable=False),
+    sa.Column("mark", sa.String(64), nullable=False),  # HMAC of type, key, text and value
+    sa.Column("embedding", sa.LargeBinary()),  # float32s, little-endian
+    sa.Column("embedding_model", sa.String(128)),
+    sa.Column("version", sa.Integer(), nullable=False, server_default="1"),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    sa.Column("expires_at", UtcDateTime()),
+    sa.UniqueConstraint("tenant", "subject", "type", "key"),
+    sa.Index(
+        "ix_memories_expires_at",
+        "expires_at",
+        postgresql_where=sa.text("expires_at IS NOT NULL"),
+        sqlite_where=sa.text("expires_at IS NOT NULL"),
+    ),
+    sa.Index("ix_memories_tenant_updated_at", "tenant", "updated_at"),
+)
+
+# The key memory's audit HMACs are made with, when the deployment did not set one (0029).
+memory_keys = sa.Table(
+    "memory_keys",
+    metadata,
+    sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+    sa.Column("key", sa.String(64), nullable=False),
+)
