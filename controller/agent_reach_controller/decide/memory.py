@@ -131,16 +131,18 @@ def secret_kind(value: Any) -> str | None:
     return None
 
 
-def strings_in(value: Any) -> Iterable[str]:
+def strings_in(value: Any, *, keys: bool = True) -> Iterable[str]:
+    """Every string inside a JSON value (a mapping's keys too, unless `keys` is false)."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):
         for k, v in value.items():
-            yield str(k)
-            yield from strings_in(v)
+            if keys:
+                yield str(k)
+            yield from strings_in(v, keys=keys)
     elif isinstance(value, list | tuple):
         for item in value:
-            yield from strings_in(item)
+            yield from strings_in(item, keys=keys)
 
 
 # -- provenance -------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from agent_reach_controller.storage.engine import Connection, Database
 
 # Field names of a stored entry a caller may change with a patch.
 PATCHABLE = frozenset({"text", "value", "pinned", "confidence", "expires_at", "origin"})
+# Steps whose outputs are not a tool's: the model's own calls, and memory's internal steps.
+INTERNAL_CONNECTORS = ("model", "memory")
 # The shortest text the scrub replaces: shorter strings ("yes", "NY") occur by chance.
 _MIN_SCRUB = 4
 
@@ -94,6 +96,19 @@ class Written:
     entry: MemoryRow
     created: bool
     changed: bool = True  # False: the same content was written again (nothing stored)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What a run had seen when it wrote: its user's words, and whether a tool's output."""
+
+    user_said: str
+    read_receipts: bool
+
+    def origin(self, entry: Entry) -> MemoryOrigin:
+        return rules.origin_of(
+            entry.text, entry.value, user_said=self.user_said, read_receipts=self.read_receipts
+        )
 
 
 @dataclass(slots=True)
@@ -372,6 +387,17 @@ class MemoryService:
             await self._audit(conn, actor, entry, "memory.forget", now=now)
         for (tenant, subject), gone in by_subject.items():
             await self._scrub(conn, tenant, subject, gone, now=now)
+
+    async def provenance(
+        self, conn: Connection, run_id: str, *, current_task: str | None
+    ) -> Provenance:
+        """What a run had seen when it wrote a memory in `current_task`'s round: what its user
+        said, and whether it had read any tool's output (see `rules.origin_of`)."""
+        said = " ".join(rules.strings_in(await store.user_messages(conn, run_id), keys=False))
+        read = await store.receipts_read(
+            conn, run_id, before_task=current_task, internal=INTERNAL_CONNECTORS
+        )
+        return Provenance(user_said=said, read_receipts=read)
 
     # -- the audit and the scrub ----------------------------------------------------------------
 

@@ -260,6 +260,40 @@ async def delete(conn: AsyncConnection, ids: Sequence[str]) -> int:
     return gone.rowcount or 0
 
 
+# -- a run's provenance ------------------------------------------------------------------------
+
+
+async def user_messages(conn: AsyncConnection, run_id: str) -> list[Any]:
+    """What a run's user said: its user messages, in order."""
+    found = await conn.execute(
+        sa.select(run_messages.c.message)
+        .where(run_messages.c.run_id == run_id, run_messages.c.role == "user")
+        .order_by(run_messages.c.seq)
+    )
+    return [r[0] for r in found.all()]
+
+
+async def receipts_read(
+    conn: AsyncConnection, run_id: str, *, before_task: str | None, internal: Sequence[str]
+) -> bool:
+    """Whether the run's model has read a tool's output: a tool step (not of the `internal`
+    connectors) ended in a round before `before_task` (the current one, whose outputs the model
+    has not seen yet)."""
+    query = (
+        sa.select(steps.c.id)
+        .join(tasks, tasks.c.task_id == steps.c.task_id)
+        .where(
+            tasks.c.run_id == run_id,
+            steps.c.connector.not_in(list(internal)),
+            steps.c.finished_at.is_not(None),
+        )
+        .limit(1)
+    )
+    if before_task is not None:
+        query = query.where(tasks.c.task_id < before_task)
+    return (await conn.execute(query)).first() is not None
+
+
 # -- the scrub: copies of forgotten text a subject's runs made ---------------------------------
 
 
