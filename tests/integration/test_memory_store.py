@@ -5,6 +5,7 @@ nothing behind in the database."""
 from __future__ import annotations
 
 import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,36 @@ async def test_a_forgotten_entry_is_gone_from_the_sqlite_file(
     assert canary not in dump
     raw = b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
     assert canary.encode() not in raw
+
+
+async def test_memory_has_its_own_retention_and_task_retention_keeps_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(
+        database_url, write_tools(tmp_path, []), memory_retention_days=30, retention_days=1
+    ) as c:
+        now = datetime.now(UTC)
+        soon = now + timedelta(hours=1)
+        kept = await c.memory.put(CALLER, "u1", Entry(type="fact", key="kept", text="kept one"))
+        await c.memory.put(
+            CALLER, "u1", Entry(type="fact", key="brief", text="brief one", expires_at=soon)
+        )
+        assert await c.memory.prune(now=now) == 0
+        await c.retention.prune(now=now + timedelta(days=10))  # tasks' retention: not memory's
+        assert len(await c.memory.entries("acme", "u1")) == 2
+        assert await c.memory.prune(now=soon) == 1  # expired
+        assert [e.key for e in await c.memory.entries("acme", "u1")] == ["kept"]
+        assert await c.memory.prune(now=now + timedelta(days=31)) == 1  # past memory's retention
+        assert await c.memory.entries("acme", "u1") == []
+        async with c.db.transaction() as conn:
+            actions = (
+                await conn.execute(
+                    sa.select(audit_log.c.actor, audit_log.c.action).where(
+                        audit_log.c.target == f"memory:{kept.entry.memory_id}"
+                    )
+                )
+            ).all()
+        assert [tuple(a) for a in actions] == [
+            ("alice", "memory.write"),
+            ("retention", "memory.forget"),
+        ]

@@ -232,9 +232,7 @@ class MemoryService:
         """Delete every entry of a subject; returns how many there were."""
         now = _now()
         async with self._db.transaction() as conn:
-            found = await store.list_entries(
-                conn, tenant, subject, limit=self.limits.per_subject + 1_000_000
-            )
+            found = await store.list_entries(conn, tenant, subject, limit=None)
             await self.forget_in(conn, actor, found, now=now)
             await audit.record(
                 conn,

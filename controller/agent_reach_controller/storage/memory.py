@@ -94,16 +94,18 @@ async def list_entries(
     subject: str,
     *,
     types: Sequence[str] = (),
-    limit: int,
+    limit: int | None,
     pinned: bool | None = None,
 ) -> list[MemoryRow]:
-    """A subject's entries, the most recently updated first."""
+    """A subject's entries, the most recently updated first (all of them: `limit` None)."""
     query = sa.select(memories).where(memories.c.tenant == tenant, memories.c.subject == subject)
     if types:
         query = query.where(memories.c.type.in_(list(types)))
     if pinned is not None:
         query = query.where(memories.c.pinned == pinned)
-    query = query.order_by(memories.c.updated_at.desc(), memories.c.memory_id).limit(limit)
+    query = query.order_by(memories.c.updated_at.desc(), memories.c.memory_id)
+    if limit is not None:
+        query = query.limit(limit)
     return [MemoryRow.from_mapping(r) for r in (await conn.execute(query)).mappings()]
 
 
