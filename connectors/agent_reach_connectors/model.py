@@ -1,4 +1,5 @@
-"""The `model` connector: one call is one model request (OpenAI Chat, Responses, or Anthropic).
+"""The `model` connector: one call is one model request (OpenAI Chat, Responses, or Anthropic),
+or one embeddings request (`model_embeddings`).
 
 It sends the request body the controller built through the vendor's own SDK (`openai`,
 `anthropic`), with the SDK's retries off (the executor's retry policy retries, so a 500 is one
@@ -35,6 +36,13 @@ from agent_reach_connectors.base import ConnectorError, ToolCall, resolve_secret
 from agent_reach_connectors.http import HttpConnector, Redactor, Resolver
 from agent_reach_connectors.http_request import CONNECT_TIMEOUT_CAP, allowlist, destinations
 from agent_reach_connectors.model_dialects import DIALECTS, Dialect, send
+from agent_reach_connectors.model_embeddings import (
+    EMBEDDINGS,
+    embeddings_config,
+    is_embed,
+    read_embed_request,
+    read_embeddings,
+)
 from agent_reach_connectors.model_transport import Guard, GuardedTransport, Pools
 from agent_reach_connectors.throttling import parse_retry_after
 
@@ -257,26 +265,36 @@ class ModelConnector:
         await self._checker.close()
 
     async def invoke(self, call: ToolCall) -> Any:
-        """Send the call's model request; its output, or a classified ConnectorError."""
+        """Send the call's model request (or its embed request); its output, or a classified
+        ConnectorError."""
         config = read_config(call.tool, call.config)
-        request = read_request(call.tool, call.args)
+        if is_embed(call.args):
+            config = embeddings_config(call.tool, call.config, config, key_ref=_KEY_REF)
+            request = read_embed_request(call.tool, call.args)
+            dialect, operation = EMBEDDINGS, "embeddings"
+        else:
+            request = read_request(call.tool, call.args)
+            dialect, operation = config.dialect, "chat"
         redact = Redactor(call.config)
         parent = parse_traceparent(call.traceparent)
         model = str(request["model"])
         with telemetry.span(
-            f"chat {model}",
+            f"{operation} {model}",
             trace_id=call.trace_id,
             parent_span_id=parent[1] if parent else None,
             kind=SpanKind.CLIENT,
             attributes={
-                GEN_AI_SYSTEM: config.dialect.system,
-                GEN_AI_PROVIDER: config.dialect.system,
-                GEN_AI_OPERATION: "chat",
+                GEN_AI_SYSTEM: dialect.system,
+                GEN_AI_PROVIDER: dialect.system,
+                GEN_AI_OPERATION: operation,
                 GEN_AI_REQUEST_MODEL: model,
             },
         ) as current:
             try:
-                return await self._call(call, config, request, current)
+                body = await self._send(call, config, dialect, request)
+                if dialect is EMBEDDINGS:
+                    return _embeddings_output(call.tool, model, body, request, current)
+                return _chat_output(call.tool, config.dialect, body, current)
             except ConnectorError as error:
                 error.message = redact(error.message)
                 error.args = (error.message,)
@@ -284,9 +302,10 @@ class ModelConnector:
                 telemetry.mark_error(current, error.code)
                 raise
 
-    async def _call(
-        self, call: ToolCall, config: ModelConfig, request: dict[str, Any], current: Span
-    ) -> Any:
+    async def _send(
+        self, call: ToolCall, config: ModelConfig, dialect: Dialect, request: dict[str, Any]
+    ) -> bytes:
+        """The reply's body, as received (a ConnectorError for anything else)."""
         key = str(resolve_secrets(config.api_key))
         headers = dict(resolve_secrets(dict(config.headers)))
         guard = Guard(
@@ -300,36 +319,25 @@ class ModelConnector:
         async with httpx2.AsyncClient(
             transport=transport, trust_env=False, follow_redirects=False
         ) as http:
-            client = self._client(config, key, headers, http)
+            client = self._client(dialect, config, key, headers, http)
             try:
-                body = await send(
-                    config.dialect, client, request, tool=call.tool, wait_s=call.timeout_s
-                )
+                return await send(dialect, client, request, tool=call.tool, wait_s=call.timeout_s)
             except ConnectorError as error:
                 if not error.message.startswith(f"{call.tool}: "):
                     error.message = f"{call.tool}: {error.message}"
                 raise
             except Exception as exc:
                 raise classify(call.tool, exc) from None
-        data, reply = read_reply(call.tool, config.dialect, body)
-        usage = config.dialect.usage(reply)
-        finish = config.dialect.finish(reply)
-        current.set_attribute(GEN_AI_RESPONSE_MODEL, str(getattr(reply, "model", "")))
-        current.set_attribute(GEN_AI_INPUT_TOKENS, usage.input_tokens)
-        current.set_attribute(GEN_AI_OUTPUT_TOKENS, usage.output_tokens)
-        current.set_attribute(GEN_AI_FINISH_REASONS, [finish])
-        return {
-            "endpoint": config.dialect.kind,
-            "reply": data,
-            "usage": usage.as_json(),
-            "finish": finish,
-        }
 
     @staticmethod
     def _client(
-        config: ModelConfig, key: str, headers: dict[str, str], http: httpx2.AsyncClient
+        dialect: Dialect,
+        config: ModelConfig,
+        key: str,
+        headers: dict[str, str],
+        http: httpx2.AsyncClient,
     ) -> openai.AsyncOpenAI | anthropic.AsyncAnthropic:
-        if config.dialect.system == "anthropic":
+        if dialect.system == "anthropic":
             return anthropic.AsyncAnthropic(
                 api_key=key,
                 base_url=config.base_url,
@@ -345,3 +353,26 @@ class ModelConnector:
             default_headers=headers,
             http_client=http,
         )
+
+
+def _chat_output(tool: str, dialect: Dialect, body: bytes, current: Span) -> dict[str, Any]:
+    data, reply = read_reply(tool, dialect, body)
+    usage = dialect.usage(reply)
+    finish = dialect.finish(reply)
+    current.set_attribute(GEN_AI_RESPONSE_MODEL, str(getattr(reply, "model", "")))
+    current.set_attribute(GEN_AI_INPUT_TOKENS, usage.input_tokens)
+    current.set_attribute(GEN_AI_OUTPUT_TOKENS, usage.output_tokens)
+    current.set_attribute(GEN_AI_FINISH_REASONS, [finish])
+    return {"endpoint": dialect.kind, "reply": data, "usage": usage.as_json(), "finish": finish}
+
+
+def _embeddings_output(
+    tool: str, model: str, body: bytes, request: Mapping[str, Any], current: Span
+) -> dict[str, Any]:
+    """`model` is the one asked for: entries are searched by it, whatever name the reply gives
+    (a dated alias, say), which the span records."""
+    reply, vectors = read_embeddings(tool, body, count=len(request["input"]))
+    usage = EMBEDDINGS.usage(reply)
+    current.set_attribute(GEN_AI_RESPONSE_MODEL, reply.model)
+    current.set_attribute(GEN_AI_INPUT_TOKENS, usage.input_tokens)
+    return {"model": model, "vectors": vectors, "usage": usage.as_json()}

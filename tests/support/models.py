@@ -10,6 +10,12 @@ tools in `CALLS`; given their results, it answers with a sentence quoting them. 
 `Reply`: text, tool calls and usage, or a misbehaviour (an error status, a redirect, a gzip body,
 padding past a size cap, a cut tool call, arguments that are not JSON, another dialect).
 
+It also answers `POST /v1/embeddings` (OpenAI's), from a deterministic embedder: each word,
+lowercased and hashed, adds ±1 to one of 64 dimensions, and the sum is normalised (`embed`). Texts
+that share words point the same way; no meaning is involved, so it proves the plumbing only.
+Embeddings take no reply from the script (a run's chat script is unchanged by them); they take one
+from `embed_script` when it has any left (a misbehaviour: status, raw body, gzip).
+
 For crash tests: `replay=True` answers a request it has seen before (same path, same body) with
 the reply it gave then, as a model at temperature 0 would, so a call made again after a kill
 does not take the script's next reply; `hold(after=n)` keeps every request after the n-th
@@ -19,7 +25,10 @@ waiting, once recorded, until `release()` (a model call in flight for as long as
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import math
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,7 +46,18 @@ CALLS = [("echo_say", {"text": "hi"}), ("echo_say", {"text": 5})]
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
+EMBEDDINGS = "/v1/embeddings"
 DIALECTS = {CHAT: "openai_chat", RESPONSES: "openai_responses", MESSAGES: "anthropic"}
+# The scripted embedder's size, and the words it ignores (they would make every text alike).
+EMBED_DIMENSIONS = 64
+_WORD = re.compile(r"[^\W_]+")
+_STOP = frozenset(
+    re.findall(
+        r"\w+",
+        "a an and are as at be by do for from has have how i in is it its me my of on or our "
+        "she so that the their they this to was we what when where which who will with you your",
+    )
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +305,40 @@ def messages(body: dict[str, Any]) -> dict[str, Any]:
 ROUTES = {CHAT: chat, RESPONSES: responses, MESSAGES: messages}
 
 
+def embed(text: str, dimensions: int = EMBED_DIMENSIONS) -> list[float]:
+    """The scripted embedder: a hashed bag of words, normalised (a text of no words points
+    along the first axis). A word's trailing `s` is dropped, so plurals meet."""
+    vector = [0.0] * dimensions
+    for found in _WORD.findall(text.lower()):
+        if found in _STOP:
+            continue
+        word = found[:-1] if len(found) > 3 and found.endswith("s") else found
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        vector[int.from_bytes(digest[:4], "little") % dimensions] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if not norm:
+        return [1.0] + [0.0] * (dimensions - 1)
+    return [x / norm for x in vector]
+
+
+def embeddings_reply(body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI CreateEmbeddingResponse for a request `body` (input: a text or a list)."""
+    texts = body.get("input")
+    texts = [texts] if isinstance(texts, str) else list(texts or [])
+    dimensions = body.get("dimensions")
+    size = dimensions if isinstance(dimensions, int) and dimensions > 0 else EMBED_DIMENSIONS
+    tokens = sum(len(str(t).split()) for t in texts)
+    return {
+        "object": "list",
+        "model": str(body.get("model", "scripted-embedder")),
+        "data": [
+            {"object": "embedding", "index": i, "embedding": embed(str(t), size)}
+            for i, t in enumerate(texts)
+        ],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
 def _error_body(status: int) -> dict[str, Any]:
     return {"error": {"type": "scripted_error", "message": f"scripted status {status}"}}
 
@@ -293,6 +347,7 @@ class _Server(ThreadingHTTPServer):
     requests: list[tuple[str, dict[str, Any]]]
     headers_seen: list[dict[str, str]]
     script: list[Reply] | None
+    embed_script: list[Reply]
     lock: threading.Lock
     replay: bool
     given: dict[str, Reply]  # with replay: what each request (path and body) was answered
@@ -307,13 +362,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?")[0]
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        if path not in DIALECTS:
+        if path not in DIALECTS and path != EMBEDDINGS:
             self.send_error(404)
             return
         with self.server.lock:
             self.server.requests.append((self.path, body))
             self.server.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
-            reply = self._reply(path, body)
+            reply: Reply | None
+            if path == EMBEDDINGS:
+                scripted = self.server.embed_script
+                reply = scripted.pop(0) if scripted else Reply()
+            else:
+                reply = self._reply(path, body)
             hold = self.server.hold_after is not None and (
                 len(self.server.requests) > self.server.hold_after
             )
@@ -327,9 +387,12 @@ class _Handler(BaseHTTPRequestHandler):
             payload = b"" if redirected else json.dumps(_error_body(reply.status)).encode()
             self._send(reply.status, payload, reply.headers)
             return
-        render = RENDER[reply.dialect or DIALECTS[path]]
-        payload = reply.raw
-        if payload is None:
+        if reply.raw is not None:
+            payload = reply.raw
+        elif path == EMBEDDINGS:
+            payload = json.dumps(embeddings_reply(body)).encode()
+        else:
+            render = RENDER[reply.dialect or DIALECTS[path]]
             payload = json.dumps(render(reply, str(body.get("model", "scripted")))).encode()
         headers = reply.headers
         if reply.gzip:
@@ -377,10 +440,17 @@ class ScriptedModels(HttpServer):
     `script`: the replies, each given once, in order (a request past its end answers 500);
     None: the unscripted agent loop. `requests` holds (path, body) of every request received,
     `headers_seen` their headers (lower-case names), in order. `replay`: a request seen before
-    is answered as it was then, without taking a reply from the script.
+    is answered as it was then, without taking a reply from the script. `embed_script`: replies
+    (misbehaviours) for `/v1/embeddings`, each given once; past its end the embedder answers.
     """
 
-    def __init__(self, script: Iterable[Reply] | None = None, *, replay: bool = False) -> None:
+    def __init__(
+        self,
+        script: Iterable[Reply] | None = None,
+        *,
+        replay: bool = False,
+        embed_script: Iterable[Reply] = (),
+    ) -> None:
         super().__init__(_Handler, server_class=_Server, name="models", poll_interval=0.05)
         assert isinstance(self._server, _Server)
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -389,6 +459,8 @@ class ScriptedModels(HttpServer):
         self._server.requests = self.requests
         self._server.headers_seen = self.headers_seen
         self._server.script = self.script
+        self.embed_script: list[Reply] = list(embed_script)
+        self._server.embed_script = self.embed_script
         self._server.lock = threading.Lock()
         self._server.replay = replay
         self._server.given = {}
