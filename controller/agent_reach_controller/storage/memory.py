@@ -29,6 +29,10 @@ from agent_reach_controller.storage.schema import (
 )
 
 
+# The types of an entry's columns, for rows a text statement reads.
+_TYPES = {c.name: c.type for c in memories.c}
+
+
 def _postgres(conn: AsyncConnection) -> bool:
     return conn.dialect.name == "postgresql"
 
@@ -157,7 +161,7 @@ async def search_text(
             "FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid "
             "WHERE memories_fts MATCH :q AND m.tenant = :tenant AND m.subject = :subject "
             "ORDER BY score DESC, m.memory_id LIMIT :limit"
-        ),
+        ).columns(**_TYPES),  # SQLite gives JSON, times and booleans as stored: read them typed
         {"q": query_text, "tenant": tenant, "subject": subject, "limit": limit},
     )
     return [(MemoryRow.from_mapping(r), float(r["score"])) for r in found.mappings()]
