@@ -182,11 +182,20 @@ class ProblemCode(StrEnum):
     INVALID_EVENT_ID = "invalid_event_id"
     # Agent runs.
     RUN_NOT_ENDED = "run_not_ended"
+    # Long-term memory.
+    MEMORY_QUOTA_EXCEEDED = "memory_quota_exceeded"
+    MEMORY_CHANGED = "memory_changed"
 
 
 PROBLEM_KINDS: dict[ProblemCode, ErrorKind] = {
     ProblemCode.RUN_NOT_ENDED: ErrorKind(
         retryable=True, http_status=409, title="The run has not ended"
+    ),
+    ProblemCode.MEMORY_QUOTA_EXCEEDED: ErrorKind(
+        retryable=False, http_status=409, title="The subject holds as many memories as it may"
+    ),
+    ProblemCode.MEMORY_CHANGED: ErrorKind(
+        retryable=False, http_status=412, title="The memory changed meanwhile"
     ),
     ProblemCode.UNAUTHENTICATED: ErrorKind(
         retryable=False, http_status=401, title="An API key is needed"

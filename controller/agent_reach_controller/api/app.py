@@ -17,6 +17,7 @@ from agent_reach_controller.api import (
     errors,
     executors,
     media,
+    memory,
     openapi,
     replay,
     runs,
@@ -107,6 +108,7 @@ def create_app(components_: Components) -> FastAPI:
     app.include_router(tools.router)
     app.include_router(agents.router)
     app.include_router(runs.router)
+    app.include_router(memory.router)
     app.include_router(keys_router)
     app.include_router(executors.tokens_router)
     app.include_router(executors.fleet_router)

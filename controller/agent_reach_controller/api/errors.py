@@ -46,6 +46,12 @@ from agent_reach_controller.decide.approvals import SeveralAwaitingError
 from agent_reach_controller.planning.problems import PlanInvalidError
 from agent_reach_controller.services.admission import QueueFullError
 from agent_reach_controller.services.intake import IdempotencyConflictError
+from agent_reach_controller.services.memory import (
+    MemoryConflictError,
+    MemoryInputError,
+    MemoryNotFoundError,
+    MemoryQuotaError,
+)
 from agent_reach_controller.services.operator import (
     ApprovalExpiredError,
     EditedArgumentsError,
@@ -107,6 +113,14 @@ def _problems(problems: Iterable[Any]) -> dict[str, Any]:
     return {
         "errors": [{"pointer": p.pointer, "code": p.code, "detail": p.detail} for p in problems]
     }
+
+
+def _body_problems(problems: Iterable[Any]) -> list[dict[str, Any]]:
+    """A memory's problems, whose pointers are into the entry, as pointers into the body."""
+    return [
+        {"pointer": f"/body{p.pointer}", "code": "invalid_memory", "detail": p.detail}
+        for p in problems
+    ]
 
 
 def _invalid(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -171,6 +185,12 @@ ANSWERS: tuple[Answer[Any], ...] = (
         more=lambda e: {
             "errors": [{"pointer": e.pointer, "code": "invalid_request", "detail": e.detail}]
         },
+    ),
+    Answer(
+        error=MemoryNotFoundError,
+        code=ErrorCode.NOT_FOUND,
+        title="No such memory",
+        detail=lambda e: f"no memory {e.memory_id!r}",
     ),
     Answer(
         error=KeyNotFoundError,
@@ -284,6 +304,24 @@ ANSWERS: tuple[Answer[Any], ...] = (
         error=IdempotencyConflictError,
         code=ErrorCode.IDEMPOTENCY_CONFLICT,
         more=lambda e: {"task_id": e.task_id},
+    ),
+    # Long-term memory. An entry's problems point into the body that sent it (POST, PATCH); a
+    # refused secret is named by its kind, never echoed.
+    Answer(
+        error=MemoryInputError,
+        code=ProblemCode.INVALID_REQUEST,
+        detail=lambda e: _first(_body_problems(e.problems)),
+        more=lambda e: {"errors": _body_problems(e.problems)},
+    ),
+    Answer(
+        error=MemoryQuotaError,
+        code=ProblemCode.MEMORY_QUOTA_EXCEEDED,
+        detail=lambda e: f"{e}; forget some of its memories first",
+    ),
+    Answer(
+        error=MemoryConflictError,
+        code=ProblemCode.MEMORY_CHANGED,
+        detail=lambda _: "the memory is not at the version If-Match names; read it again",
     ),
     # The tool catalogue.
     Answer(error=ToolExistsError, code=ProblemCode.TOOL_EXISTS),

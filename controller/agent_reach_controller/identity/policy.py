@@ -7,6 +7,8 @@
 An action on a tool is allowed when any of the principal's roles has a grant whose pattern
 matches the tool's name (shell-style: `*`, `?`, `[...]`). `admin` on `*` manages keys and tools.
 Nothing is allowed that no grant names: a role without grants may only read its tenant's tasks.
+Long-term memory has its own actions, `memory_read`, `memory_write` and `memory_forget`, granted
+on `*` (by default: admin and operator all three, agent read and write, viewer read).
 
 Tenants may have blast-radius caps (see `flow/caps.py`); `"*"` is every tenant's default, and a
 tenant's own entry replaces it class by class:
@@ -52,6 +54,11 @@ class Action(StrEnum):
     SUBMIT = "submit"
     APPROVE = "approve"
     ADMIN = "admin"
+    # Long-term memory (/v1/memory): read and search, write and patch, delete. Not per tool:
+    # a grant gives them when its pattern is `*`.
+    MEMORY_READ = "memory_read"
+    MEMORY_WRITE = "memory_write"
+    MEMORY_FORGET = "memory_forget"
 
 
 class Grant(BaseModel):
@@ -125,15 +132,16 @@ class Policy(BaseModel):
 
 
 _NO_LIMITS = TenantLimits()
+_MEMORY = ["memory_read", "memory_write", "memory_forget"]
 
 DEFAULT = Policy.model_validate(
     {
         "roles": {
-            "admin": [{"tools": "*", "actions": ["submit", "approve", "admin"]}],
-            "operator": [{"tools": "*", "actions": ["submit", "approve"]}],
-            "agent": [{"tools": "*", "actions": ["submit"]}],
+            "admin": [{"tools": "*", "actions": ["submit", "approve", "admin", *_MEMORY]}],
+            "operator": [{"tools": "*", "actions": ["submit", "approve", *_MEMORY]}],
+            "agent": [{"tools": "*", "actions": ["submit", "memory_read", "memory_write"]}],
             "approver": [{"tools": "*", "actions": ["approve"]}],
-            "viewer": [],
+            "viewer": [{"tools": "*", "actions": ["memory_read"]}],
         }
     }
 )
