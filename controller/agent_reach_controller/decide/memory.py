@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import math
+import operator
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -277,3 +278,51 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
     return dot / norm if norm else 0.0
+
+
+# -- vector search (in Python: why is said at MemoryService.search_vector) ------------------------
+
+MAX_DIMENSIONS = 8192
+MAX_EMBEDDING_MODEL = 128
+
+
+def vector_problems(model: Any, vector: Any) -> list[Problem]:
+    """Why an embedding cannot be stored (none: it can): a model name of 1-128 characters, and
+    1-8192 finite numbers, not all zero (a zero vector has no direction to compare)."""
+    problems: list[Problem] = []
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_EMBEDDING_MODEL:
+        problems.append(Problem("/model", f"the model is 1-{MAX_EMBEDDING_MODEL} characters"))
+    if (
+        not isinstance(vector, Sequence)
+        or isinstance(vector, str | bytes)
+        or not 0 < len(vector) <= MAX_DIMENSIONS
+        or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            for x in vector
+        )
+    ):
+        problems.append(Problem("/vector", f"a vector is 1-{MAX_DIMENSIONS} finite numbers"))
+    elif not any(vector):
+        problems.append(Problem("/vector", "a vector of zeros has no direction"))
+    return problems
+
+
+def nearest(
+    query: Sequence[float], candidates: Iterable[tuple[str, bytes]], *, limit: int
+) -> list[tuple[str, float]]:
+    """The `limit` candidates (id, packed vector) nearest `query` by cosine, best first (ties
+    by id). A vector of another size than the query's (another model's shape) is skipped."""
+    size = len(query)
+    query_norm = math.sqrt(sum(map(operator.mul, query, query)))
+    if not query_norm:
+        return []
+    scored: list[tuple[str, float]] = []
+    for memory_id, blob in candidates:
+        if len(blob) != 4 * size:
+            continue
+        vector = unpack(blob)
+        norm = math.sqrt(sum(map(operator.mul, vector, vector)))
+        if norm:
+            scored.append((memory_id, sum(map(operator.mul, query, vector)) / (query_norm * norm)))
+    scored.sort(key=lambda pair: (-pair[1], pair[0]))
+    return scored[:limit]

@@ -448,6 +448,51 @@ class MemoryService:
             if changed:
                 await store.rewrite(conn, table, key, changed)
 
+    # -- embeddings (asked of the profile's endpoint by an executor step; stored and compared here)
+
+    async def set_embedding(
+        self,
+        conn: Connection,
+        memory_id: str,
+        model: str,
+        vector: Sequence[float],
+        *,
+        mark: str | None = None,
+    ) -> bool:
+        """Store an entry's embedding by `model` in `conn`'s transaction; False when the entry
+        is gone or, given the `mark` it had when its text was sent, has changed since (a stale
+        vector is never stored). MemoryInputError for a vector that is not 1-8192 finite
+        numbers. A later write of the entry's text or value clears it."""
+        problems = rules.vector_problems(model, vector)
+        if problems:
+            raise MemoryInputError(problems)
+        return await store.set_embedding(conn, memory_id, model, rules.pack(vector), mark=mark)
+
+    async def search_vector(
+        self,
+        conn: Connection,
+        tenant: str,
+        subject: str,
+        model: str,
+        vector: Sequence[float],
+        limit: int = 10,
+    ) -> list[tuple[MemoryRow, float]]:
+        """A subject's entries embedded by `model`, nearest `vector` first, with their cosine.
+
+        Computed here, in Python, over the subject's vectors: Debian 12's Postgres has no
+        pgvector package and this Python's sqlite3 cannot load extensions (sqlite-vec), so the
+        portable path is the one tested on both backends. A subject holds at most its quota of
+        entries, and no more than that many vectors are read (a few milliseconds for a thousand
+        of 256 floats; a brute-force scan is also exact, where an index would approximate)."""
+        if rules.vector_problems(model, vector):
+            return []
+        candidates = await store.embedded(
+            conn, tenant, subject, model, limit=self.limits.per_subject
+        )
+        ranked = rules.nearest(vector, candidates, limit=limit)
+        rows = await store.load_many(conn, tenant, [memory_id for memory_id, _ in ranked])
+        return [(rows[i], score) for i, score in ranked if i in rows]
+
 
 def _needles(gone: Sequence[MemoryRow]) -> list[str]:
     """The strings a delete removes: each text and each string of each value, as written and

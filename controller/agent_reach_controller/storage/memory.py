@@ -28,7 +28,6 @@ from agent_reach_controller.storage.schema import (
     tasks,
 )
 
-
 # The types of an entry's columns, for rows a text statement reads.
 _TYPES = {c.name: c.type for c in memories.c}
 
@@ -357,3 +356,47 @@ async def rewrite(
     await conn.execute(
         sa.update(table).where(*(table.c[k] == v for k, v in key.items())).values(**values)
     )
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+
+async def set_embedding(
+    conn: AsyncConnection, memory_id: str, model: str, blob: bytes, *, mark: str | None = None
+) -> bool:
+    """Store an entry's embedding; with `mark`, only while the entry still holds the content
+    that was embedded. No new version: what the entry says did not change."""
+    query = sa.update(memories).where(memories.c.memory_id == memory_id)
+    if mark is not None:
+        query = query.where(memories.c.mark == mark)
+    changed = await conn.execute(query.values(embedding=blob, embedding_model=model))
+    return changed.rowcount == 1
+
+
+async def embedded(
+    conn: AsyncConnection, tenant: str, subject: str, model: str, *, limit: int
+) -> list[tuple[str, bytes]]:
+    """(id, packed vector) of at most `limit` of a subject's entries embedded by `model` (the
+    vectors only: the texts are read for the nearest few)."""
+    found = await conn.execute(
+        sa.select(memories.c.memory_id, memories.c.embedding)
+        .where(
+            memories.c.tenant == tenant,
+            memories.c.subject == subject,
+            memories.c.embedding_model == model,
+            memories.c.embedding.is_not(None),
+        )
+        .order_by(memories.c.updated_at.desc(), memories.c.memory_id)
+        .limit(limit)
+    )
+    return [(r[0], bytes(r[1])) for r in found.all()]
+
+
+async def load_many(conn: AsyncConnection, tenant: str, ids: Sequence[str]) -> dict[str, MemoryRow]:
+    """These entries of a tenant, by id (those that exist)."""
+    if not ids:
+        return {}
+    found = await conn.execute(
+        sa.select(memories).where(memories.c.tenant == tenant, memories.c.memory_id.in_(list(ids)))
+    )
+    return {r["memory_id"]: MemoryRow.from_mapping(r) for r in found.mappings()}
