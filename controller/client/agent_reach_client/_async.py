@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -19,6 +19,9 @@ from agent_reach_client.types import (
     Agent,
     Dialect,
     Event,
+    Memory,
+    MemorySubjects,
+    MemoryType,
     Run,
     RunInput,
     RunLimits,
@@ -241,6 +244,67 @@ class AsyncClient:
 
     async def cancel_run(self, run_id: str) -> Run:
         return cast(Run, await self._send(_calls.cancel_run(run_id)))
+
+    # --- long-term memory -------------------------------------------------------------------
+
+    async def list_subjects(self, *, limit: int = 100, after: str | None = None) -> MemorySubjects:
+        """See `Client.list_subjects`."""
+        return cast(MemorySubjects, await self._send(_calls.subjects(limit, after)))
+
+    async def list_memories(
+        self, subject: str, *, types: Sequence[MemoryType] = (), limit: int = 100
+    ) -> list[Memory]:
+        """See `Client.list_memories`."""
+        found = await self._send(_calls.memories(subject, types, limit))
+        return cast(list[Memory], found["memories"])
+
+    async def search_memory(self, subject: str, query: str, *, limit: int = 10) -> list[Memory]:
+        """See `Client.search_memory`."""
+        found = await self._send(_calls.search_memory(subject, query, limit))
+        return cast(list[Memory], found["memories"])
+
+    async def put_memory(  # noqa: PLR0913 - an entry's fields, all by keyword
+        self,
+        subject: str,
+        type: MemoryType,
+        key: str,
+        text: str,
+        *,
+        value: Any = None,
+        pinned: bool = False,
+        confidence: float | None = None,
+        expires_at: str | None = None,
+    ) -> Memory:
+        """See `Client.put_memory`."""
+        body = _calls.memory_body(
+            subject,
+            type,
+            key,
+            text,
+            value=value,
+            pinned=pinned,
+            confidence=confidence,
+            expires_at=expires_at,
+        )
+        return cast(Memory, await self._send(_calls.put_memory(body)))
+
+    async def get_memory(self, memory_id: str) -> Memory:
+        return cast(Memory, await self._send(_calls.memory(memory_id)))
+
+    async def patch_memory(
+        self, memory_id: str, changes: dict[str, Any], *, if_version: int | None = None
+    ) -> Memory:
+        """See `Client.patch_memory`."""
+        call = _calls.patch_memory(memory_id, changes, if_version)
+        return cast(Memory, await self._send(call))
+
+    async def forget_memory(self, memory_id: str) -> None:
+        """See `Client.forget_memory`."""
+        await self._send(_calls.forget_memory(memory_id))
+
+    async def forget_subject(self, subject: str) -> int:
+        """See `Client.forget_subject`."""
+        return int((await self._send(_calls.forget_subject(subject)))["forgotten"])
 
     def _timeout(self, wait: float | None) -> float:
         return self._settings.timeout + (wait or 0)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from agent_reach_client._core import Call
 
@@ -113,3 +115,72 @@ def continue_run(run_id: str, input: Any, wait: float | None) -> Call:
 
 def cancel_run(run_id: str) -> Call:
     return Call("POST", f"/v1/runs/{run_id}/cancel")
+
+
+def subjects(limit: int, after: str | None) -> Call:
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    return Call("GET", "/v1/memory/subjects", params=params)
+
+
+def memories(subject: str, types: Sequence[str], limit: int) -> Call:
+    params: dict[str, Any] = {"subject": subject, "limit": limit}
+    if types:
+        params["type"] = ",".join(types)
+    return Call("GET", "/v1/memory", params=params)
+
+
+def search_memory(subject: str, query: str, limit: int) -> Call:
+    return Call("GET", "/v1/memory/search", params={"subject": subject, "q": query, "limit": limit})
+
+
+def put_memory(body: dict[str, Any]) -> Call:
+    # The same (subject, type, key) again updates that entry, never a second: safe to repeat.
+    return Call("POST", "/v1/memory", json=body)
+
+
+def memory_body(  # noqa: PLR0913 - an entry's fields, all by keyword at the client
+    subject: str,
+    type: str,
+    key: str,
+    text: str,
+    *,
+    value: Any,
+    pinned: bool,
+    confidence: float | None,
+    expires_at: str | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"subject": subject, "type": type, "key": key, "text": text}
+    if value is not None:
+        body["value"] = value
+    if pinned:
+        body["pinned"] = True
+    if confidence is not None:
+        body["confidence"] = confidence
+    if expires_at is not None:
+        body["expires_at"] = expires_at
+    return body
+
+
+def memory(memory_id: str) -> Call:
+    return Call("GET", f"/v1/memory/{quote(memory_id, safe='')}")
+
+
+def patch_memory(memory_id: str, changes: dict[str, Any], if_version: int | None) -> Call:
+    # Sent again after a lost connection it would fail its own If-Match (412): not repeated then.
+    return Call(
+        "PATCH",
+        f"/v1/memory/{quote(memory_id, safe='')}",
+        json=changes,
+        headers=_if_match(if_version),
+        repeatable=if_version is None,
+    )
+
+
+def forget_memory(memory_id: str) -> Call:
+    return Call("DELETE", f"/v1/memory/{quote(memory_id, safe='')}")
+
+
+def forget_subject(subject: str) -> Call:
+    return Call("DELETE", "/v1/memory", params={"subject": subject})

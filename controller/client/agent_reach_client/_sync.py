@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -17,6 +17,9 @@ from agent_reach_client.types import (
     Agent,
     Dialect,
     Event,
+    Memory,
+    MemorySubjects,
+    MemoryType,
     Run,
     RunInput,
     RunLimits,
@@ -251,6 +254,71 @@ class Client:
 
     def cancel_run(self, run_id: str) -> Run:
         return cast(Run, self._send(_calls.cancel_run(run_id)))
+
+    # --- long-term memory -------------------------------------------------------------------
+
+    def list_subjects(self, *, limit: int = 100, after: str | None = None) -> MemorySubjects:
+        """The tenant's subjects by name, with how many memories each holds; `next_after` is
+        the next page's `after` (None: no more)."""
+        return cast(MemorySubjects, self._send(_calls.subjects(limit, after)))
+
+    def list_memories(
+        self, subject: str, *, types: Sequence[MemoryType] = (), limit: int = 100
+    ) -> list[Memory]:
+        """A subject's memories, the most recently updated first (`types`: only these)."""
+        return cast(list[Memory], self._send(_calls.memories(subject, types, limit))["memories"])
+
+    def search_memory(self, subject: str, query: str, *, limit: int = 10) -> list[Memory]:
+        """A subject's memories that match `query`, best first, each with its `score`."""
+        call = _calls.search_memory(subject, query, limit)
+        return cast(list[Memory], self._send(call)["memories"])
+
+    def put_memory(  # noqa: PLR0913 - an entry's fields, all by keyword
+        self,
+        subject: str,
+        type: MemoryType,
+        key: str,
+        text: str,
+        *,
+        value: Any = None,
+        pinned: bool = False,
+        confidence: float | None = None,
+        expires_at: str | None = None,
+    ) -> Memory:
+        """Remember `text` about `subject` (origin user). The same (subject, type, key) updates
+        that entry: its `version` moves on, its history is in the audit log. A text or value that
+        holds a secret is refused (ProblemError 422, pointer /body/text or /body/value)."""
+        body = _calls.memory_body(
+            subject,
+            type,
+            key,
+            text,
+            value=value,
+            pinned=pinned,
+            confidence=confidence,
+            expires_at=expires_at,
+        )
+        return cast(Memory, self._send(_calls.put_memory(body)))
+
+    def get_memory(self, memory_id: str) -> Memory:
+        return cast(Memory, self._send(_calls.memory(memory_id)))
+
+    def patch_memory(
+        self, memory_id: str, changes: dict[str, Any], *, if_version: int | None = None
+    ) -> Memory:
+        """Change some of text, value, pinned, confidence, expires_at; `{"origin": "user"}`
+        confirms an entry a tool's output planted. `if_version`: only if the memory is still at
+        that version (else ProblemError 412)."""
+        return cast(Memory, self._send(_calls.patch_memory(memory_id, changes, if_version)))
+
+    def forget_memory(self, memory_id: str) -> None:
+        """Delete a memory for real: its text and value leave every table and index, and the
+        copies its subject's runs made read "[forgotten]"."""
+        self._send(_calls.forget_memory(memory_id))
+
+    def forget_subject(self, subject: str) -> int:
+        """Delete every memory of a subject; how many there were."""
+        return int(self._send(_calls.forget_subject(subject))["forgotten"])
 
     def _timeout(self, wait: float | None) -> float:
         return self._settings.timeout + (wait or 0)

@@ -136,3 +136,41 @@ class Run(TypedDict):
     created_at: str
     finished_at: str | None
     messages: NotRequired[list[RunEntry] | None]
+
+
+MemoryType = Literal["profile", "preference", "fact", "goal", "project", "constraint"]
+
+
+class Memory(TypedDict):
+    """A long-term memory of a subject (the end user runs act for). `origin`: user (a caller
+    wrote it), model (a run, from what its user said) or receipt (a run, after reading a tool's
+    output; `untrusted`, never recalled into a run). `version` is its ETag."""
+
+    memory_id: str
+    subject: str
+    type: str
+    key: str
+    text: str
+    value: Any
+    origin: Literal["user", "model", "receipt"]
+    untrusted: bool
+    confidence: float
+    pinned: bool
+    source: dict[str, Any] | None  # where a run wrote it: run, task, step
+    written_by: str
+    version: int
+    created_at: str
+    updated_at: str
+    expires_at: str | None
+    score: NotRequired[float]  # from `search_memory`: higher matches better
+
+
+class MemorySubject(TypedDict):
+    subject: str
+    entries: int
+    updated_at: str
+
+
+class MemorySubjects(TypedDict):
+    subjects: list[MemorySubject]
+    next_after: str | None  # the next page's `after`; None: no more
