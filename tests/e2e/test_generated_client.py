@@ -128,3 +128,34 @@ def test_the_generated_client_submits_reads_and_lists(dev: Proc, generated: Modu
     )
     assert refused.status_code == 422
     assert [e.pointer for e in refused.parsed.errors] == ["/steps/0/tool"]
+
+
+def test_the_generated_client_remembers_and_forgets(dev: Proc, generated: ModuleType) -> None:
+    client = generated.AuthenticatedClient(
+        base_url=f"http://{dev.info['http']}", token=TEST_API_KEY
+    )
+    entry = {"subject": "org/ann", "type": "fact", "key": "city", "text": "Lives in Wuhan"}
+    put = api(generated, "memory.put_memory")
+    written = put.sync_detailed(client=client, body=model(generated, "MemoryIn").from_dict(entry))
+    assert written.status_code == 201
+    memory_id = written.parsed.memory_id
+    found = api(generated, "memory.search_memory").sync(client=client, subject="org/ann", q="Wuhan")
+    assert [(m.memory_id, m.untrusted) for m in found.memories] == [(memory_id, False)]
+    listed = api(generated, "memory.list_memories").sync(
+        client=client, subject="org/ann", type_="fact,goal"
+    )
+    assert [m.key for m in listed.memories] == ["city"]
+    patched = api(generated, "memory.patch_memory").sync(
+        client=client,
+        memory_id=memory_id,
+        body=model(generated, "MemoryPatch").from_dict({"pinned": True, "value": None}),
+    )
+    assert (patched.pinned, patched.version) == (True, 2)
+    refused = put.sync_detailed(
+        client=client,
+        body=model(generated, "MemoryIn").from_dict(entry | {"text": "AKIAIOSFODNN7EXAMPLE"}),
+    )
+    assert refused.status_code == 422
+    assert [e.pointer for e in refused.parsed.errors] == ["/body/text"]
+    gone = api(generated, "memory.forget_subject").sync(client=client, subject="org/ann")
+    assert gone.forgotten == 1
