@@ -229,8 +229,6 @@ async def open_components(settings: ControllerSettings) -> Components:
         hand_off=hand_off,
         environment_of=lambda tenant: policy.environment_for(tenant, settings.environment),
     )
-    runs = RunService(work=work, intake=intake, receipt_budget=settings.receipt_budget_chars)
-    work.runs = runs.rounds_keeper
     memory = MemoryService(
         db=db,
         limits=MemoryLimits(
@@ -241,6 +239,10 @@ async def open_components(settings: ControllerSettings) -> Components:
         ),
         key=settings.memory_key.get_secret_value().encode() if settings.memory_key else None,
     )
+    runs = RunService(
+        work=work, intake=intake, memory=memory, receipt_budget=settings.receipt_budget_chars
+    )
+    work.runs = runs.rounds_keeper
     return Components(
         settings=settings,
         db=db,

@@ -23,6 +23,7 @@ from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant
 from agent_reach_controller.api.serving import ShuttingDownError
 from agent_reach_controller.api.tasks import Deps, TooManyInFlightError
+from agent_reach_controller.decide import run_memory
 from agent_reach_controller.domain.records import (
     ENDED_RUN_STATES,
     RunMessage,
@@ -115,6 +116,15 @@ class WaitingOut(BaseModel):
     status: str = Field(description="awaiting_approval or outcome_unknown")
 
 
+class RecalledOut(BaseModel):
+    memory_id: str
+    mark: str = Field(description="An HMAC of the entry's content when it was recalled")
+    type: str
+    key: str
+    score: float = Field(description="How well it matched the input (0 for a pinned entry)")
+    pinned: bool
+
+
 class RunOut(BaseModel):
     run_id: str
     trace_id: str
@@ -132,7 +142,10 @@ class RunOut(BaseModel):
     )
     round: int
     task_id: str | None = Field(None, description="The current (or last) round's task")
-    subject: str | None
+    subject: str | None = Field(
+        description="The end user the run acts for; only a run with a subject recalls or "
+        "extracts memories"
+    )
     tokens: TokensOut
     cost: float
     answer: str | None
@@ -161,6 +174,18 @@ class RunOut(BaseModel):
     )
     rounds: list[RoundOut] | None = Field(
         None, description="Each round's task, oldest first (on GET of one run)"
+    )
+    recalled: list[RecalledOut] | None = Field(
+        None,
+        description="The subject's memories the run started with, in its prompt as delimited "
+        "data, never instructions (on GET of one run); null when it recalled nothing: a run "
+        "without a subject, or a profile with memory.recall 0",
+    )
+    extraction: dict[str, Any] | None = Field(
+        None,
+        description="With a profile that extracts memories (on GET of one run): `state` asked "
+        "(its round runs), skipped or failed with a `reason`, or done with what was `stored` "
+        "(memory_id, type, key, origin, action) and what was `refused` (pointer, detail)",
     )
 
 
@@ -201,6 +226,8 @@ def _out(
         finished_at=run.finished_at,
         route=next((m.message for m in reversed(messages or []) if m.role == "route"), None),
         category=next((m.message for m in reversed(messages or []) if m.role == "category"), None),
+        recalled=_recalled(messages),
+        extraction=None if messages is None else run_memory.extraction_of(messages),
         rounds=None
         if rounds is None
         else [RoundOut(round=n, task_id=t, status=st) for n, t, st in rounds],
@@ -210,6 +237,11 @@ def _out(
             {"seq": m.seq, "round": m.round, "role": m.role, "message": m.message} for m in messages
         ],
     ).model_dump(mode="json")
+
+
+def _recalled(messages: list[RunMessage] | None) -> list[RecalledOut] | None:
+    found = None if messages is None else run_memory.recalled_of(messages)
+    return None if found is None else [RecalledOut.model_validate(r) for r in found]
 
 
 def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]:
@@ -322,6 +354,15 @@ def _said(exc: Exception) -> str:
 )
 async def plan_schema(who: Caller) -> dict[str, Any]:
     return planner.PLAN_SCHEMA
+
+
+@router.get(
+    "/memory-schema",
+    summary="The JSON Schema of the memories a run's extraction proposes (its response format; "
+    "a profile's memory.extract_types narrow the type)",
+)
+async def memory_schema(who: Caller) -> dict[str, Any]:
+    return run_memory.MEMORY_SCHEMA
 
 
 @router.get("", response_model=RunList, summary="The tenant's runs, newest first")

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from agent_reach.states import StepStatus, TaskStatus
+from agent_reach_controller.decide import run_memory as memory_rules
 from agent_reach_controller.decide import runs as rules
 from agent_reach_controller.decide.runs import EndReason
 from agent_reach_controller.domain.records import (
@@ -34,15 +35,17 @@ from agent_reach_controller.planning.plan import Plan, PlannedStep, parse_plan
 from agent_reach_controller.planning.problems import PlanInvalidError, Problem, ProblemCode
 from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.services.intake import IntakeService, SubmitInput, refusals, step_rows
+from agent_reach_controller.services.run_memory import RunMemory
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.storage import events as event_log
 from agent_reach_controller.storage import runs as run_store
 from agent_reach_controller.storage import steps as store
-from agent_reach_controller.tools.agents import MODEL_CONNECTOR, Limits, profile_of
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR, AgentProfile, Limits, profile_of
 from agent_reach_controller.tools.catalog import ToolSpec
 
-# Entries that record a choice about the run (a router's, a category's), never sent to the model.
-_CHOICES = frozenset({"route", "category"})
+# Entries that record something about the run (a router's or a category's choice, what it
+# recalled, its extraction), never sent to the model as messages.
+_NOT_SENT = frozenset({"route", "category", memory_rules.MEMORY_ROLE, memory_rules.EXTRACTION_ROLE})
 # The step of a round that calls the model (a tool call's id never takes it: see number_calls).
 MODEL_STEP = "model"
 
@@ -72,9 +75,12 @@ class Read:
 class Rounds:
     """Moves runs on as their rounds' steps and tasks move (RunHooks), and builds model requests."""
 
-    def __init__(self, *, work: UnitOfWork, intake: IntakeService, receipt_budget: int) -> None:
+    def __init__(
+        self, *, work: UnitOfWork, intake: IntakeService, memory: RunMemory, receipt_budget: int
+    ) -> None:
         self._work = work
         self._intake = intake
+        self._memory = memory
         self._budget = receipt_budget
 
     async def with_requests(self, claimed: Sequence[StepRow]) -> list[StepRow]:
@@ -107,10 +113,13 @@ class Rounds:
 
     def _request(self, run: RunRow, spec: ToolSpec, conversation: list[RunMessage]) -> Any:
         profile = profile_of(spec)
-        tools = self._tools_of(run)
         limits = Limits.model_validate(run.limits)
+        known = memory_rules.block_of(conversation)  # data, delimited, never an instruction
+        if memory_rules.extracting(conversation):
+            return self._extraction_request(run, spec, profile, conversation, known)
+        tools = self._tools_of(run)
         mode = rules.mode_of(profile, conversation, len(tools))
-        system, schema = profile.system, None
+        system, schema = _joined(profile.system, known), None
         if mode == "route":  # the router: how to handle the message, said in JSON
             system = _joined(system, planner.router_instructions(tools))
             schema, tools = planner.ROUTE_SCHEMA, []
@@ -130,13 +139,37 @@ class Rounds:
         ask = Ask(
             model=profile.model,
             system=system,
-            messages=[m.message for m in conversation if m.role not in _CHOICES],
+            messages=[m.message for m in conversation if m.role not in _NOT_SENT],
             tools=tools,
             temperature=profile.temperature,
             max_tokens=rules.max_tokens(run, limits),
             note=rules.stage_note(run, limits, goal=rules.goal_of(conversation)),
             reply_schema=schema,
             reply_name=mode,
+        )
+        return endpoint_of(spec).request(ask)
+
+    def _extraction_request(
+        self,
+        run: RunRow,
+        spec: ToolSpec,
+        profile: AgentProfile,
+        conversation: list[RunMessage],
+        known: str,
+    ) -> Any:
+        """The extraction's request: the whole conversation, no tools, and what to propose in
+        the memory schema (the response format where the endpoint takes one)."""
+        types = profile.memory.extract_types
+        ask = Ask(
+            model=profile.model,
+            system=memory_rules.extraction_system(types, known),
+            messages=[m.message for m in conversation if m.role not in _NOT_SENT],
+            tools=[],
+            temperature=profile.temperature,
+            max_tokens=rules.max_tokens(run, Limits.model_validate(run.limits)),
+            note=memory_rules.EXTRACTION_NOTE,
+            reply_schema=memory_rules.memory_schema(types),
+            reply_name="memories",
         )
         return endpoint_of(spec).request(ask)
 
@@ -154,6 +187,9 @@ class Rounds:
         usage = rules.usage_of(output, sent_chars=len(sent), prices=profile.prices)
         totals = usage.added_to(run)
         await self._charge(tx, step, run, profile.model, usage, output)
+        if memory_rules.extracting(conversation):
+            await self._extracted(tx, step, run, profile, output, totals)
+            return
         try:
             reply = endpoint.read(output.get("reply") if isinstance(output, dict) else None)
         except ReplyError as exc:
@@ -174,14 +210,8 @@ class Rounds:
             sources = [json.dumps(m.message) for m in conversation if m.role != "assistant"]
             sources += [json.dumps(run.context), profile.system]
             claims = rules.ungrounded_claims(reply.text, sources)
-            await self.end(
-                tx,
-                run,
-                totals | {"ungrounded_claims": claims},
-                RunStatus.SUCCEEDED,
-                EndReason.ANSWERED,
-                None,
-                reply.text,
+            await self._answered(
+                tx, run, profile, totals | {"ungrounded_claims": claims}, reply.text
             )
             return
         read = Read(
@@ -192,6 +222,71 @@ class Rounds:
             reason, detail = ended
             await self._unanswered(tx, run, endpoint, ids, f"not run: {detail}")
             await self.end(tx, run, totals, RunStatus.FAILED, reason, detail)
+
+    async def _answered(
+        self,
+        tx: TaskWork,
+        run: RunRow,
+        profile: AgentProfile,
+        totals: dict[str, Any],
+        answer: str,
+    ) -> None:
+        """The model answered: the run ends with its answer, unless its profile asks for
+        memories; then one more round comes first, the extraction (the run has its answer)."""
+        wanted = memory_rules.extraction_wanted(run, profile, totals, now=tx.now)
+        if wanted.reason is not None:
+            await self._extraction_said(tx, run, {"state": "skipped", "reason": wanted.reason})
+        if not wanted.ask:
+            await self.end(tx, run, totals, RunStatus.SUCCEEDED, EndReason.ANSWERED, None, answer)
+            return
+        await self._extraction_said(tx, run, {"state": "asked"})
+        number = run.round + 1
+        task_id = await self.new_round(tx, run, number)
+        values = totals | {"answer": answer, "round": number, "task_id": task_id}
+        await run_store.update_run(tx.conn, run, values, now=tx.now)
+
+    async def _extracted(
+        self,
+        tx: TaskWork,
+        step: StepRow,
+        run: RunRow,
+        profile: AgentProfile,
+        output: Any,
+        totals: dict[str, Any],
+    ) -> None:
+        """The extraction's reply: its proposals stored (each checked alone), or why none
+        could be; either way the run ends with the answer it already had."""
+        try:
+            reply = endpoint_of(tx.tool(step)).read(
+                output.get("reply") if isinstance(output, dict) else None
+            )
+            proposals = memory_rules.read_proposals(reply.text)
+        except ValueError as exc:  # a ReplyError too
+            said = {"state": "failed", "reason": str(exc)}
+        else:
+            types = profile.memory.extract_types
+            said = await self._memory.store(tx.conn, run, step, proposals, types=types, now=tx.now)
+        await self._after_extraction(tx, run, totals, said)
+
+    async def _extraction_ended(self, tx: TaskWork, run: RunRow, task: TaskRow) -> None:
+        """The extraction's round ended without its reply (the model's call failed, the
+        deadline passed): it stored nothing, and the run still ends with its answer."""
+        steps = await tx.steps_of(task.task_id)
+        model = next((s for s in steps if s.step_id == MODEL_STEP), None)
+        why = ((model.error if model is not None else None) or {}).get("message")
+        reason = "the extraction's model call did not answer" + (f": {why}" if why else "")
+        await self._after_extraction(tx, run, {}, {"state": "failed", "reason": reason})
+
+    async def _after_extraction(
+        self, tx: TaskWork, run: RunRow, totals: Mapping[str, Any], said: dict[str, Any]
+    ) -> None:
+        await self._extraction_said(tx, run, said)
+        values = dict(totals) | {"ungrounded_claims": run.ungrounded_claims}
+        await self.end(tx, run, values, RunStatus.SUCCEEDED, EndReason.ANSWERED, None, run.answer)
+
+    async def _extraction_said(self, tx: TaskWork, run: RunRow, said: dict[str, Any]) -> None:
+        entry = [(memory_rules.EXTRACTION_ROLE, said)]
+        await run_store.append_messages(tx.conn, run.run_id, run.round, entry, now=tx.now)
 
     def _tools_of(self, run: RunRow) -> list[ToolSpec]:
         """The tools a run's model may call, as the catalogue has them now (enabled ones)."""
@@ -389,6 +484,10 @@ class Rounds:
         run = await self._current(tx, task.task_id, task.run_id)
         if run is None:
             return
+        conversation = (await run_store.load_messages(tx.conn, [run.run_id]))[run.run_id]
+        if memory_rules.extracting(conversation):
+            await self._extraction_ended(tx, run, task)
+            return
         if run.deadline is not None and tx.now >= run.deadline:  # the round's task was ended
             detail = "the run's deadline passed"
             await self.end(tx, run, {}, RunStatus.FAILED, EndReason.DEADLINE_EXCEEDED, detail)
@@ -409,7 +508,6 @@ class Rounds:
         answers = self._answers(task, steps)
         failed = sum(a.is_error for a in answers)
         self._work.metrics.run_tool_calls(tx.conn, run, failed, len(answers) - failed)
-        conversation = (await run_store.load_messages(tx.conn, [run.run_id]))[run.run_id]
         said = [m.message for m in conversation if m.role == "assistant" and m.round == run.round]
         if endpoint.calls_in(said) or not answers:
             entries = [("tool", m) for m in endpoint.replies(answers)]

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent_reach.ids import new_task_id, new_trace_id
 from agent_reach.states import StepStatus, TaskStatus
+from agent_reach_controller.decide import run_memory as memory_rules
 from agent_reach_controller.decide import runs as rules
 from agent_reach_controller.decide.runs import EndReason
 from agent_reach_controller.domain.records import (
@@ -27,7 +28,9 @@ from agent_reach_controller.domain.records import (
 )
 from agent_reach_controller.planning.endpoints import EndpointKind
 from agent_reach_controller.services.intake import IdempotencyConflictError, IntakeService
+from agent_reach_controller.services.memory import MemoryService
 from agent_reach_controller.services.rounds import Rounds, ended_values, endpoint_of
+from agent_reach_controller.services.run_memory import RunMemory
 from agent_reach_controller.services.unit_of_work import TaskWork, UnitOfWork
 from agent_reach_controller.storage import idempotency
 from agent_reach_controller.storage import runs as run_store
@@ -94,10 +97,21 @@ class StartRun:
 class RunService:
     """Starts, continues and cancels runs, and reads them; `rounds_keeper` moves them on."""
 
-    def __init__(self, *, work: UnitOfWork, intake: IntakeService, receipt_budget: int) -> None:
+    def __init__(
+        self,
+        *,
+        work: UnitOfWork,
+        intake: IntakeService,
+        memory: MemoryService,
+        receipt_budget: int,
+    ) -> None:
         self._work = work
+        # What runs remember of their subjects: recall at the start, extraction at the end.
+        self._memory = RunMemory(memory)
         # What moves a run's rounds (the unit of work's hooks) and builds its model requests.
-        self.rounds_keeper = Rounds(work=work, intake=intake, receipt_budget=receipt_budget)
+        self.rounds_keeper = Rounds(
+            work=work, intake=intake, memory=self._memory, receipt_budget=receipt_budget
+        )
 
     # -- profiles ---------------------------------------------------------------------------------
 
@@ -206,6 +220,16 @@ class RunService:
             await run_store.append_messages(
                 tx.conn, run_id, 1, [("user", m) for m in data.input], now=now
             )
+            recalled = await self._memory.recalled(
+                tx.conn,
+                tenant=data.tenant,
+                subject=data.subject,
+                profile=profile,
+                messages=data.input,
+            )
+            if recalled is not None:  # what the run's prompt is reminded of (data, not orders)
+                entry = [(memory_rules.MEMORY_ROLE, recalled)]
+                await run_store.append_messages(tx.conn, run_id, 1, entry, now=now)
             await tx.audit(
                 actor=data.principal,
                 tenant=data.tenant,

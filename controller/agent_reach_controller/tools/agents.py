@@ -32,6 +32,11 @@ _SECRET_REFERENCE = re.compile(r"^\$\{env:[A-Za-z_][A-Za-z0-9_]*\}$")
 DEFAULT_MAX_ROUNDS = 5
 # What a reply's text may be at most before the run stops reading it (the connector's own cap).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
+# The memory types a run's extraction may propose: decide/memory.py's TYPES without the reserved
+# ones (identity: only a caller writes it). Spelled here because profiles sit below the rules'
+# layer; a unit test holds the two lists together.
+ExtractType = Literal["preference", "fact", "goal", "project", "constraint"]
+EXTRACT_TYPES: tuple[ExtractType, ...] = ("preference", "fact", "goal", "project", "constraint")
 
 
 class Endpoint(BaseModel):
@@ -93,6 +98,47 @@ class Limits(BaseModel):
         return tighter
 
 
+class MemorySettings(BaseModel):
+    """What a run remembers of its subject (the end user a caller names on the run): what it is
+    reminded of when it starts, and whether it proposes memories when it ends. A run without a
+    subject does neither."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    recall: int = Field(
+        default=5,
+        ge=0,
+        le=50,
+        description="The most matching memories a run starts with, beside its subject's pinned "
+        "ones (0: none, and no pinned ones either)",
+    )
+    recall_tokens: int = Field(
+        default=800,
+        ge=1,
+        le=100_000,
+        description="The most tokens the recalled memories may take in the prompt (estimated "
+        "at four characters to a token)",
+    )
+    extract: bool = Field(
+        default=False,
+        description="After its answer, one more model call proposes memories (its own round, "
+        "in the published memory schema); they are validated and stored with their provenance",
+    )
+    extract_types: list[ExtractType] = Field(
+        default_factory=lambda: list(EXTRACT_TYPES),
+        min_length=1,
+        max_length=len(EXTRACT_TYPES),
+        description="The types extraction may propose (a reserved type, such as profile, never)",
+    )
+
+    @field_validator("extract_types")
+    @classmethod
+    def _once_each(cls, value: list[ExtractType]) -> list[ExtractType]:
+        if len(set(value)) != len(value):
+            raise ValueError("extract_types names a type twice")
+        return value
+
+
 class Prices(BaseModel):
     """What a million tokens cost, in the profile's currency (units are the operator's)."""
 
@@ -142,6 +188,7 @@ class AgentProfile(BaseModel):
     )
     limits: Limits = Field(default_factory=Limits)
     prices: Prices = Field(default_factory=Prices)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     # The model call as a downstream: how long one may take, how it is retried and throttled.
     timeout: Seconds = 120.0
     retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy(maximum_attempts=3))
@@ -167,6 +214,8 @@ class AgentProfile(BaseModel):
                 "prices",
             },
         )
+        if self.memory != MemorySettings():  # a profile without it keeps the version it had
+            agent["memory"] = self.memory.model_dump(mode="json")
         return ToolSpec.model_validate(
             {
                 "name": name,
