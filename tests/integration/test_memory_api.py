@@ -155,6 +155,10 @@ async def test_bad_input_is_refused_with_pointers_and_a_secret_is_never_echoed(
         patched_secret = await api.patch(url, json={"text": f"now {AWS_KEY}"})
         unknown_type = await api.get("/v1/memory", params={"subject": SUBJECT, "type": "x,fact"})
         no_subject = await api.get("/v1/memory")
+        # A NUL no database stores (Postgres refuses it even in a WHERE): refused before.
+        nul_subject = await api.get("/v1/memory", params={"subject": "a\x00b"})
+        nul_forget = await api.delete("/v1/memory", params={"subject": "a\x00b"})
+        nul_id = await api.get("/v1/memory/a%00b")
         still = (await api.get(url)).json()
 
     for pointer, answer in answers.items():
@@ -172,6 +176,8 @@ async def test_bad_input_is_refused_with_pointers_and_a_secret_is_never_echoed(
         assert pointers(answer) == [pointer], answer.text
     assert pointers(unknown_type) == ["/query/type"]
     assert pointers(no_subject) == ["/query/subject"]
+    assert pointers(nul_subject) == pointers(nul_forget) == ["/query/subject"]
+    assert pointers(nul_id) == ["/path/memory_id"]
     assert (still["text"], still["version"]) == ("Lives in Wuhan", 1)  # no refusal wrote
 
 

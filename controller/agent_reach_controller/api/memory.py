@@ -37,11 +37,18 @@ router = APIRouter(prefix="/v1/memory", tags=["memory"], responses=V1_PROBLEMS)
 TYPES_TEXT = ", ".join(TYPES)
 # The longest search query read (its first words are what count: decide/memory.py `terms`).
 MAX_QUERY = 2000
+# What decide/memory.py lets a subject be (no control characters); a NUL no database takes.
+SUBJECT_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 SubjectQuery = Annotated[
     str,
-    Query(min_length=1, max_length=MAX_SUBJECT, description="The end user the memories are of"),
+    Query(
+        min_length=1,
+        max_length=MAX_SUBJECT,
+        pattern=SUBJECT_PATTERN,
+        description="The end user the memories are of",
+    ),
 ]
-MemoryId = Annotated[str, Path(min_length=1, max_length=64)]
+MemoryId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z_-]+$")]
 IfMatch = Annotated[
     str | None,
     Header(description="Only if the memory is still at this version (its ETag)", max_length=32),
@@ -218,7 +225,12 @@ async def list_subjects(
     who: Caller,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     after: Annotated[
-        str | None, Query(max_length=MAX_SUBJECT, description="The previous page's next_after")
+        str | None,
+        Query(
+            max_length=MAX_SUBJECT,
+            pattern=SUBJECT_PATTERN,
+            description="The previous page's next_after",
+        ),
     ] = None,
 ) -> Response:
     require(deps, who, Action.MEMORY_READ)
