@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agent_reach_controller.domain.records import MemoryOrigin
@@ -49,7 +50,7 @@ def system_of(kind: str, body: dict[str, Any]) -> str:
 
 async def remember(c: Components) -> dict[str, str]:
     """Subject u1's memories (a pinned one, a match, one that matches nothing, one a web page
-    planted), and another subject's that would match; their ids by name."""
+    planted), and another subject's and another tenant's that would match; their ids."""
     put = c.memory.put
     ids = {
         "name": await put(
@@ -64,6 +65,11 @@ async def remember(c: Components) -> dict[str, str]:
         "poison": await put(PLANTED, "u1", Entry(type="preference", key="route", text=POISON)),
         "other": await put(
             USER, "u2", Entry(type="preference", key="channel", text="Wants reports by fax")
+        ),
+        "tenant": await put(
+            Writer(tenant="globex", actor="bob"),
+            "u1",
+            Entry(type="preference", key="channel", text="Wants reports by pigeon"),
         ),
     }
     return {name: w.entry.memory_id for name, w in ids.items()}
@@ -98,6 +104,7 @@ async def test_a_run_starts_with_its_subjects_memories_as_data(
     assert "Prefers weekly reports by email" in block
     assert "Lives in Wuhan" not in system  # matched nothing, not pinned
     assert "fax" not in json.dumps(body)  # another subject's
+    assert "pigeon" not in json.dumps(body)  # another tenant's subject of the same name
     assert "evil.invalid" not in json.dumps(body)  # planted by a tool's output: never injected
     assert [(r["memory_id"], r["pinned"]) for r in done["recalled"]] == [
         (ids["name"], True),
@@ -109,7 +116,7 @@ async def test_a_run_starts_with_its_subjects_memories_as_data(
     assert len(first["mark"]) == 32
     assert "text" not in first
     # The run's copy of the texts is the subject's: a delete leaves none of it.
-    assert forgotten == 4  # u1's
+    assert forgotten == 4  # u1's, of this tenant
     assert "Ada" not in json.dumps(after["messages"])
     assert "weekly reports by email" not in json.dumps(after["messages"])
 
@@ -173,6 +180,7 @@ async def test_extraction_stores_what_the_user_said_with_its_provenance(
             again = await run(api, ask)
             stored = await c.memory.entries(TENANT, "u1")
             task = (await api.get(f"/v1/tasks/{done['task_id']}")).json()
+            replayed = (await api.get(f"/v1/runs/{done['run_id']}/replay")).json()
     assert (done["status"], done["end_reason"], done["answer"]) == (
         "succeeded",
         "answered",
@@ -216,6 +224,9 @@ async def test_extraction_stores_what_the_user_said_with_its_provenance(
     assert "tools" not in extract_body
     assert extract_body["messages"][-1]["content"].startswith("[memory extraction]")
     assert "Noted, Ada." in json.dumps(extract_body)
+    # The replay rebuilds the extraction's request from what the run stored.
+    assert replayed["rounds"][-1]["request"] == extract_body
+    assert replayed["identical"] is True
     # Counted in the run's usage: two calls' tokens.
     assert done["tokens"]["output"] >= 2 * Usage().output
     # The same proposals again (the second run): nothing new, nothing duplicated.
@@ -327,6 +338,8 @@ async def test_a_profiles_memory_settings_are_validated_and_the_schema_published
             )
             plain = await put_agent(api, "plain", profile(models))
             schema = (await api.get("/v1/runs/memory-schema")).json()
+            async with httpx.AsyncClient(base_url=str(api.base_url)) as bare:
+                anonymous = await bare.get("/v1/runs/memory-schema")
             openapi = (await api.get("/openapi.json")).json()
     for name, answered in answers.items():
         assert answered.status_code == 422, (name, answered.text)
@@ -341,6 +354,7 @@ async def test_a_profiles_memory_settings_are_validated_and_the_schema_published
         "extract": False,
         "extract_types": list(EXTRACT_TYPES),
     }
+    assert anonymous.status_code == 401
     item = schema["properties"]["memories"]["items"]
     assert item["properties"]["type"]["enum"] == list(EXTRACT_TYPES)
     assert "MemorySettings" in openapi["components"]["schemas"]
