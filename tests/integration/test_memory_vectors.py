@@ -78,6 +78,16 @@ async def test_a_vector_of_another_size_is_not_compared(database_url: str, tmp_p
         assert [k for k, _ in await _search(c, "u1", "lives")] == ["city"]
 
 
+async def test_equal_scores_put_the_most_recently_updated_first(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with components_for(database_url, write_tools(tmp_path, [])) as c:
+        for key in ("older", "newer", "newest"):
+            await _embedded(c, CALLER, "u1", key, "Likes green tea")
+
+        assert [k for k, _ in await _search(c, "u1", "green tea")] == ["newest", "newer", "older"]
+
+
 async def test_a_stale_vector_is_never_stored_and_a_new_text_clears_the_old(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import math
-import operator
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -310,10 +309,11 @@ def vector_problems(model: Any, vector: Any) -> list[Problem]:
 def nearest(
     query: Sequence[float], candidates: Iterable[tuple[str, bytes]], *, limit: int
 ) -> list[tuple[str, float]]:
-    """The `limit` candidates (id, packed vector) nearest `query` by cosine, best first (ties
-    by id). A vector of another size than the query's (another model's shape) is skipped."""
+    """The `limit` candidates (id, packed vector) nearest `query` by cosine, best first; equal
+    scores keep the candidates' order (the store's: the most recently updated first). A vector
+    of another size than the query's (another model's shape) is skipped."""
     size = len(query)
-    query_norm = math.sqrt(sum(map(operator.mul, query, query)))
+    query_norm = math.hypot(*query)
     if not query_norm:
         return []
     scored: list[tuple[str, float]] = []
@@ -321,8 +321,12 @@ def nearest(
         if len(blob) != 4 * size:
             continue
         vector = unpack(blob)
-        norm = math.sqrt(sum(map(operator.mul, vector, vector)))
+        norm = math.hypot(*vector)
         if norm:
-            scored.append((memory_id, sum(map(operator.mul, query, vector)) / (query_norm * norm)))
-    scored.sort(key=lambda pair: (-pair[1], pair[0]))
+            # cos = (|q|² + |v|² - |q - v|²) / 2|q||v|: three loops in C (hypot, dist) instead
+            # of a dot product in Python, a third of the time.
+            gap = math.dist(query, vector)
+            cos = (query_norm**2 + norm**2 - gap**2) / (2 * query_norm * norm)
+            scored.append((memory_id, max(-1.0, min(1.0, cos))))
+    scored.sort(key=lambda pair: -pair[1])  # stable
     return scored[:limit]

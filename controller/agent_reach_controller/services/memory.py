@@ -482,8 +482,8 @@ class MemoryService:
         Computed here, in Python, over the subject's vectors: Debian 12's Postgres has no
         pgvector package and this Python's sqlite3 cannot load extensions (sqlite-vec), so the
         portable path is the one tested on both backends. A subject holds at most its quota of
-        entries, and no more than that many vectors are read (a few milliseconds for a thousand
-        of 256 floats; a brute-force scan is also exact, where an index would approximate)."""
+        entries, and no more than that many vectors are read: 10-20 ms for a thousand of 256
+        floats on two busy cores (`make bench-memory`), exact where an index would approximate."""
         if rules.vector_problems(model, vector):
             return []
         candidates = await store.embedded(
