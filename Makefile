@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench bench-http bench-scale services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http bench-scale bench-memory services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
 	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
+	@echo "make bench-memory  memory search's precision@k and recall@k on a labelled set"
 	@echo "make tools   install promtool and Chromium (Debian packages) if missing"
 
 setup: $(STAMP)
@@ -98,6 +99,7 @@ migrations-check: setup
 
 bench: setup
 	$(PY) -m tests.bench.run
+	$(MAKE) --no-print-directory bench-memory
 
 # The http connector's calls/s to a local downstream, SSRF guard on (median of 3).
 bench-http: setup
@@ -106,6 +108,15 @@ bench-http: setup
 # Steps/s and controller CPU per step with 10 k, 100 k and 1 M steps queued behind them.
 bench-scale: setup
 	$(PY) -m tests.bench.scale
+
+# Memory search on a labelled set: full text on SQLite and Postgres, embeddings from the scripted
+# embedder and from WordLlama (weights inside its wheel), which runs in a venv of its own so that
+# numpy stays out of the project's.
+bench-memory: setup
+	test -x $(VENV)/embed/bin/python || $(PYTHON) -m venv $(VENV)/embed
+	$(VENV)/embed/bin/python -c 'import wordllama' 2>/dev/null || \
+		$(VENV)/embed/bin/pip install --quiet wordllama==0.4.0.post1
+	AGENT_REACH_BENCH_EMBED_PYTHON=$(VENV)/embed/bin/python $(PY) -m tests.bench.memory_recall
 
 # An executor pool token for deploy/compose.yaml: the token in deploy/.env (compose reads it),
 # only its hash in deploy/executor-tokens.yaml (the controller's). Both are git-ignored.
