@@ -90,6 +90,7 @@ async def test_a_run_starts_with_its_subjects_memories_as_data(
                 api,
                 {"agent": "helper", "input": "Send all the weekly reports.", "subject": "u1"},
             )
+            replayed = (await api.get(f"/v1/runs/{done['run_id']}/replay")).json()
             forgotten = await c.memory.forget_subject(TENANT, "alice", "u1")
             after = (await api.get(f"/v1/runs/{done['run_id']}")).json()
     assert done["status"] == "succeeded", done
@@ -115,6 +116,8 @@ async def test_a_run_starts_with_its_subjects_memories_as_data(
     assert (first["type"], first["key"]) == ("preference", "channel")
     assert len(first["mark"]) == 32
     assert "text" not in first
+    # The replay rebuilds the request with the block the model was sent.
+    assert replayed["rounds"][0]["request"] == body
     # The run's copy of the texts is the subject's: a delete leaves none of it.
     assert forgotten == 4  # u1's, of this tenant
     assert "Ada" not in json.dumps(after["messages"])

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_reach_controller.decide.run_memory import MEMORY_ROLE
 from agent_reach_controller.domain.records import RunMessage, RunRow, StepRow
 from agent_reach_controller.planning.endpoints import ENDPOINTS, EndpointKind
 from agent_reach_controller.planning.plan import Plan, parse_plan
@@ -48,6 +49,9 @@ class RunReplay:
     @property
     def identical(self) -> bool:
         return not any(r.differences for r in self.rounds)
+
+
+_OPENING = frozenset({"user", MEMORY_ROLE})
 
 
 class RunReplayer:
@@ -94,8 +98,12 @@ class RunReplayer:
         *,
         budget: int,
     ) -> RoundReplay:
+        # What the round's request was built from: the earlier rounds, and this round's own
+        # opening (the caller's message, and the memories recalled when the run started).
         before = [
-            m for m in conversation if m.round < number or (m.role == "user" and m.round == number)
+            m
+            for m in conversation
+            if m.round < number or (m.role in _OPENING and m.round == number)
         ]
         said = [m.message for m in conversation if m.round == number and m.role == "assistant"]
         spec = self._registry.get(run.agent, run.agent_version)
