@@ -76,12 +76,21 @@ async def test_a_forgotten_memory_leaves_no_copy_in_its_subjects_runs(
                         )
                     )
                 ).all()
+                started = (
+                    await conn.execute(
+                        sa.select(audit_log.c.data).where(
+                            audit_log.c.target == f"run:{mine['run_id']}"
+                        )
+                    )
+                ).scalar_one()
             dump = _dump(database_url)
     assert after["answer"] == "Noted: [forgotten]."
     assert CANARY not in json.dumps(shown)
     assert "[forgotten]" in json.dumps(shown[1])  # the tool call's arguments and receipt
     assert [a for a, _ in audited] == ["memory.write", "memory.forget"]
     assert "u1" not in json.dumps([d for _, d in audited])
+    # The run's start names its subject by the same HMAC as the memory's rows.
+    assert started["subject"] == audited[0][1]["subject"]
     assert mine["run_id"] in dump  # the dump is read, and holds the run
     assert CANARY not in dump
 

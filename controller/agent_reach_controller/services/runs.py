@@ -108,6 +108,7 @@ class RunService:
         self._work = work
         # What runs remember of their subjects: recall at the start, extraction at the end.
         self._memory = RunMemory(memory)
+        self._subjects = memory  # how the audit log names a subject (an HMAC)
         # What moves a run's rounds (the unit of work's hooks) and builds its model requests.
         self.rounds_keeper = Rounds(
             work=work, intake=intake, memory=self._memory, receipt_budget=receipt_budget
@@ -235,7 +236,14 @@ class RunService:
                 tenant=data.tenant,
                 action="run.start",
                 target=f"run:{run_id}",
-                data={"agent": spec.name, "version": spec.version, "subject": data.subject},
+                data={
+                    "agent": spec.name,
+                    "version": spec.version,
+                    # Named by HMAC: the log outlives a forget and must not hold the subject.
+                    "subject": None
+                    if data.subject is None
+                    else await self._subjects.subject_mark(tx.conn, data.tenant, data.subject),
+                },
             )
         return replace(run, task_id=task_id)
 
