@@ -34,6 +34,7 @@ from agent_reach_controller.services.limiter import (
     SqlLimiter,
 )
 from agent_reach_controller.services.memory import MemoryLimits, MemoryService
+from agent_reach_controller.services.memory_tools import MemoryTools
 from agent_reach_controller.services.operator import OperatorService
 from agent_reach_controller.services.queries import TaskQueries
 from agent_reach_controller.services.registry import ToolRegistry
@@ -51,6 +52,7 @@ from agent_reach_controller.storage import migrate
 from agent_reach_controller.storage.engine import Database, libpq_conninfo
 from agent_reach_controller.storage.wakeups import Notifier, PostgresNotifier, RedisNotifier
 from agent_reach_controller.tools.catalog import ToolCatalog
+from agent_reach_controller.tools.memory import SEEDED_BY, memory_tools
 
 log = logging.getLogger(__name__)
 # Every Redis key and channel lives under this versioned prefix.
@@ -176,6 +178,8 @@ async def open_components(settings: ControllerSettings) -> Components:
     # (tools added through the API stay; `reach tools import --prune` is the full sync).
     files = ToolCatalog.from_yaml_files(settings.tools)
     await registry.apply(files.values(), principal=TOOLS_FILE_PRINCIPAL)
+    # Every catalogue has the memory tools (a file or an admin may have changed them: kept).
+    await registry.seed(memory_tools(), principal=SEEDED_BY)
     # Stored before `destinations` were required: disabled, with the reason, not a failed start.
     await registry.disable_undeclared()
     notifier = _notifier(settings, db)
@@ -239,6 +243,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         ),
         key=settings.memory_key.get_secret_value().encode() if settings.memory_key else None,
     )
+    work.internal = MemoryTools(memory=memory)  # memory.* steps run in the unit of work
     runs = RunService(
         work=work, intake=intake, memory=memory, receipt_budget=settings.receipt_budget_chars
     )

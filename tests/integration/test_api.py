@@ -14,6 +14,7 @@ import pytest
 
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.admission import QueueFullError
+from agent_reach_controller.tools.memory import memory_tools
 from tests.integration.stack import api_client, components_for, ok, write_tools
 
 PLAN = {
@@ -216,7 +217,8 @@ async def test_cancel_and_list_filters(sqlite_url: str, tmp_path: Path) -> None:
 async def test_tools_catalogue_formats_and_health(sqlite_url: str, tmp_path: Path) -> None:
     async with api(sqlite_url, tmp_path) as (client, _):
         native = (await client.get("/v1/tools")).json()["tools"]
-        assert {t["name"] for t in native} == {"echo.say", "echo.count"}
+        seeded = {t.name for t in memory_tools()}  # listed, never in a model's shape
+        assert {t["name"] for t in native} == {"echo.say", "echo.count", *seeded}
         openai = (await client.get("/v1/tools", params={"format": "openai"})).json()
         assert {t["function"]["name"] for t in openai} == {"echo_say", "echo_count"}
         assert all(t["type"] == "function" for t in openai)

@@ -258,6 +258,7 @@ async def test_state_changing_calls_land_in_the_audit_log_with_who(
     database_url: str, tmp_path: Path
 ) -> None:
     from agent_reach_controller import audit
+    from agent_reach_controller.tools.memory import memory_tools
 
     async with components_for(database_url, write_tools(tmp_path)) as c:
         async with api_client(c, tenant="acme", name="alice") as alice:
@@ -282,7 +283,8 @@ async def test_state_changing_calls_land_in_the_audit_log_with_who(
         assert [tuple(r) for r in rows] == [
             ("tools-file", "tool.create", "tool:echo.say"),
             ("tools-file", "tool.create", "tool:echo.count"),
-            ("test", "key.create", rows[2][2]),
+            *(("agent-reach", "tool.create", f"tool:{t.name}") for t in memory_tools()),
+            ("test", "key.create", rows[6][2]),
             ("alice", "task.submit", f"task:{task_id}"),
             ("alice", "task.cancel", f"task:{task_id}"),
         ]

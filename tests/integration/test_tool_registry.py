@@ -17,8 +17,11 @@ from agent_reach_controller.storage import catalog
 from agent_reach_controller.storage.catalog import ChangeRow
 from agent_reach_controller.storage.schema import audit_log
 from agent_reach_controller.tools.catalog import STORED, ToolSpec
+from agent_reach_controller.tools.memory import memory_tools
 from tests.integration.stack import TOOLS, api_client, components_for, key_for, ok, write_tools
 
+# The tools every catalogue is seeded with (the memory tools).
+SEEDED = [t.name for t in memory_tools()]
 MAIL: dict[str, Any] = {
     "name": "mail.send",
     "description": "Sends a message.",
@@ -273,13 +276,19 @@ async def test_export_then_import_changes_nothing_and_import_says_what_changed(
         exported = await api.get("/v1/tools:export")
         assert exported.headers["content-type"].startswith("application/yaml")
         document = yaml.safe_load(exported.text)
-        assert {t["name"] for t in document["tools"]} == {"echo.say", "echo.count", "mail.send"}
+        # The memory tools are seeded into every catalogue: exported and imported like any.
+        assert {t["name"] for t in document["tools"]} == {
+            "echo.say",
+            "echo.count",
+            "mail.send",
+            *SEEDED,
+        }
         assert "retry" not in next(t for t in document["tools"] if t["name"] == "mail.send")
 
         yaml_body = {"content": exported.text, "headers": {"Content-Type": "application/yaml"}}
         same = (await api.post("/v1/tools:import", **yaml_body)).json()
         assert (same["created"], same["updated"], same["deleted"]) == ([], [], [])
-        assert sorted(same["unchanged"]) == ["echo.count", "echo.say", "mail.send"]
+        assert sorted(same["unchanged"]) == sorted(["echo.count", "echo.say", "mail.send", *SEEDED])
 
         mail = next(t for t in document["tools"] if t["name"] == "mail.send")
         edited = {"tools": [{**mail, "timeout": 7}, {**MAIL, "name": "mail.new"}]}
@@ -293,12 +302,15 @@ async def test_export_then_import_changes_nothing_and_import_says_what_changed(
             "updated": ["mail.send"],
             "disabled": [],
             "enabled": [],
-            "deleted": ["echo.count", "echo.say"],
+            "deleted": ["echo.count", "echo.say", *sorted(SEEDED)],
             "unchanged": [],
         }
         assert "mail.new" not in c.catalog  # a dry run changes nothing
         done = (await api.post("/v1/tools:import", params={"prune": "true"}, json=edited)).json()
-        assert (done["created"], done["deleted"]) == (["mail.new"], ["echo.count", "echo.say"])
+        assert (done["created"], done["deleted"]) == (
+            ["mail.new"],
+            ["echo.count", "echo.say", *sorted(SEEDED)],
+        )
         names = {t["name"] for t in (await api.get("/v1/tools")).json()["tools"]}
         assert names == {"mail.send", "mail.new"}
 

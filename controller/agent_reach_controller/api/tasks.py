@@ -89,6 +89,7 @@ async def _validate(
             atomic=to.atomic,
             permits=permits,
             environment=environment,
+            outside_run=True,
         )
 
     revision = deps.registry.revision

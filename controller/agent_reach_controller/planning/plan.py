@@ -49,6 +49,7 @@ from agent_reach_controller.planning.references import (
 from agent_reach_controller.planning.schema import schema_problems, validate_resolved_args
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import RetryPolicy, Timeouts, ToolCatalog, ToolSpec
+from agent_reach_controller.tools.memory import is_memory_tool
 
 __all__ = [
     "Plan",
@@ -152,7 +153,9 @@ def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
             seen[sid] = draft.position
 
 
-def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -> ToolSpec | None:
+def _check_tool(
+    draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector, *, outside_run: bool
+) -> ToolSpec | None:
     name = catalog.resolve_openai_name(draft.tool)
     spec = catalog.get(name) if name is not None else None
     if spec is None:
@@ -164,6 +167,13 @@ def _check_tool(draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector) -
     if spec.connector == MODEL_CONNECTOR:
         detail = f"{spec.name!r} is an agent's model: it is called by runs (POST /v1/runs) only"
         out.add(draft.pointers["tool"], P.UNKNOWN_TOOL, detail)
+        return None
+    if outside_run and is_memory_tool(spec):
+        detail = (
+            f"{spec.name!r} remembers for an agent run's subject: only a run's model calls it "
+            "(POST /v1/runs with a subject); callers use /v1/memory"
+        )
+        out.add(draft.pointers["tool"], P.FORBIDDEN, detail)
         return None
     return spec
 
@@ -351,6 +361,7 @@ class _Reading:
     template: bool = False
     environment: str = "dev"  # where the task will run (planning/sandbox.py)
     grounds: Mapping[str, Any] | None = None  # what grounded arguments may come from
+    outside_run: bool = False  # a caller's plan, not a run's model: no memory tools
 
 
 def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
@@ -363,6 +374,7 @@ def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
     permits: Callable[[str], bool] | None = None,
     environment: str = "dev",
     grounds: Mapping[str, Any] | None = None,
+    outside_run: bool = False,
 ) -> Plan:
     """Validate a submitted body (in `dialect`, or the one it is recognised as) into a Plan.
 
@@ -371,7 +383,8 @@ def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
     call: it is in `Plan.refused`, to be stored as a failed step, and so is a call to a tool
     `permits` does not allow, or one `environment` refuses (planning/sandbox.py). Grounded
     arguments must appear in `grounds` (an agent run's input and what its model has read) when
-    given, else in the body's context.
+    given, else in the body's context. `outside_run`: a caller's own plan, which may not call
+    the memory tools (they act for a run's subject).
     """
     how = _Reading(
         limits=limits,
@@ -380,6 +393,7 @@ def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
         permits=permits,
         environment=environment,
         grounds=grounds,
+        outside_run=outside_run,
     )
     return _parse(body, catalog, how)
 
@@ -388,7 +402,7 @@ def parse_template(body: Any, catalog: ToolCatalog, *, limits: PlanLimits = DEFA
     """Validate a trigger's template: a plan whose step arguments and context may hold `$event`
     references (planning/templates.py), checked as far as they can be before an event fills
     them. Raises PlanInvalidError with every problem found."""
-    how = _Reading(limits=limits, dialect="plan", atomic=True, template=True)
+    how = _Reading(limits=limits, dialect="plan", atomic=True, template=True, outside_run=True)
     return _parse(body, catalog, how)
 
 
@@ -416,7 +430,7 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
     for draft in drafts:
         sink = ProblemCollector(limits.max_problems) if per_call else out
         sink.extend(draft.problems)
-        spec = _check_tool(draft, catalog, sink)
+        spec = _check_tool(draft, catalog, sink, outside_run=how.outside_run)
         _check_args(draft, spec, ids=ids, limits=limits, out=sink, template=template)
         _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:

@@ -349,6 +349,26 @@ class ToolRegistry:
         diff.unchanged = sorted(n for n in wanted if n not in touched)
         return diff
 
+    async def seed(self, specs: Iterable[ToolSpec], *, principal: str) -> list[str]:
+        """Create these tools where the catalogue has never held a tool of their name; the
+        names created.
+
+        Seeding gives a default once; the catalogue's history owns what follows: a tool an
+        admin changed, disabled or deleted since stays so.
+        """
+        wanted = list(specs)
+        async with self._db.transaction() as conn:
+            known = {s.name for s in wanted if await catalog.history(conn, s.name, limit=1)}
+
+        def edit(heads: Mapping[str, ToolHead]) -> list[Planned]:
+            return [
+                Planned(s.name, "create", s)
+                for s in wanted
+                if s.name not in heads and s.name not in known
+            ]
+
+        return (await self._change(edit, principal=principal, tenant=None)).created
+
     @staticmethod
     def _current(heads: Mapping[str, ToolHead], name: str, if_revision: int | None) -> ToolHead:
         head = heads.get(name)

@@ -18,17 +18,31 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from agent_reach.states import TERMINAL_TASK_STATES, StepStatus, TaskStatus, derive_task_status
+from agent_reach.states import (
+    TERMINAL_TASK_STATES,
+    StepStatus,
+    TaskStatus,
+    Transition,
+    derive_task_status,
+)
 from agent_reach.states import target as target_of
 from agent_reach_controller import audit
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.advance import AdvanceInput, budget_for, decide_unblocks
-from agent_reach_controller.decide.outcomes import Budget, Decision
+from agent_reach_controller.decide.outcomes import Budget, Decision, terminal_values
 from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import webhooks
@@ -67,6 +81,38 @@ class RunHooks(Protocol):
     async def round_ended(self, tx: TaskWork, task: TaskRow, status: TaskStatus) -> None: ...
 
 
+# How the events of a step the controller ran itself name its holder (`lease` events).
+INTERNAL_EXECUTOR = "controller"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InternalCall:
+    """A step the controller runs itself, leased to it in the transaction that made it ready."""
+
+    task: TaskRow
+    step: StepRow  # leased: running, its arguments resolved
+    tool: ToolSpec  # the version the step was validated against
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InternalOutcome:
+    """What a step the controller ran came to: its output, or the error its receipt shows."""
+
+    output: Any = None
+    error: dict[str, Any] | None = None  # {code, message, retryable}: the step fails, for good
+
+
+class InternalSteps(Protocol):
+    """Steps of connectors no executor runs (`memory`): each is run where it becomes ready, in
+    the transaction that made it so, and its dependants move in the same transaction
+    (services/memory_tools.py). None is ever seen ready by a poll, a hand-off or a sweep."""
+
+    connectors: frozenset[str]
+
+    async def run(self, conn: Connection, call: InternalCall) -> InternalOutcome: ...
+
+
 class TaskWork:
     """One transaction over some tasks: what a use case changes in them goes through here.
 
@@ -85,6 +131,8 @@ class TaskWork:
         self._moved = False  # steps changed since the last advance
         self._connectors: set[str] = set()
         self._finished: set[str] = set()
+        # Steps of internal connectors a change made ready (an approval): the advance runs them.
+        self._internal_ready: dict[int, StepRow] = {}
 
     # -- reading under the locks ------------------------------------------------------------------
 
@@ -136,6 +184,14 @@ class TaskWork:
         # again, if anything changes the steps before).
         moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=self._locked)
         self._moved = self._moved or bool(moved)
+        internal = self._work.internal_connectors
+        for c in changes if internal else ():
+            if (
+                c.step.id in moved
+                and target_of(c.transition) == StepStatus.READY
+                and c.values.get("connector", c.step.connector) in internal
+            ):
+                self._internal_ready[c.step.id] = changed_row(c)
         runs = self._work.runs
         if runs is not None and moved:
             for c in changes:
@@ -182,8 +238,9 @@ class TaskWork:
         moved since): unblock, skip, ask for approval, settle task statuses. The `last` one,
         after which nothing reads the task rows, writes their statuses with the commit."""
         self._moved = False
+        ready, self._internal_ready = list(self._internal_ready.values()), {}
         advanced = await self._work.advance(
-            self.conn, self._locked, now=self.now, tasks=self.tasks, at_commit=last
+            self.conn, self._locked, now=self.now, tasks=self.tasks, at_commit=last, ready=ready
         )
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         runs = self._work.runs
@@ -247,6 +304,12 @@ class UnitOfWork:
         self._rng = random.Random()
         # What agent runs do when a round moves (set once the run service exists).
         self.runs: RunHooks | None = None
+        # Who runs the steps of connectors no executor runs (set once memory exists).
+        self.internal: InternalSteps | None = None
+
+    @property
+    def internal_connectors(self) -> frozenset[str]:
+        return self.internal.connectors if self.internal is not None else frozenset()
 
     @contextlib.asynccontextmanager
     async def begin(self, now: datetime | None = None) -> AsyncIterator[TaskWork]:
@@ -306,9 +369,11 @@ class UnitOfWork:
         now: datetime,
         tasks: dict[str, TaskRow],
         at_commit: bool = False,
+        ready: Sequence[StepRow] = (),
     ) -> Advanced:
         """Unblock, skip or fail what the current step states allow; settle task statuses
-        (written `at_commit` if nothing reads them before: see `writes_to.AtCommit`).
+        (written `at_commit` if nothing reads them before: see `writes_to.AtCommit`). `ready`:
+        steps of internal connectors a change has just queued, to run with the others.
 
         The caller holds the tasks' row locks and read `tasks` under them.
         """
@@ -320,6 +385,8 @@ class UnitOfWork:
         if budgeted:
             rows = [r for r in rows if r.task_id not in budgeted]
             rows += await store.load_steps(conn, budgeted)
+        loaded = {r.id for r in rows}
+        rows += [s for s in ready if s.id not in loaded and s.task_id in ids]
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in rows:
             by_task[step.task_id].append(step)
@@ -342,58 +409,32 @@ class UnitOfWork:
 
         `by_task` must hold every blocked step and the steps they depend on; `counts` gives the
         tasks' step statuses when `by_task` does not hold every step. The transitions go to the
-        stored rows unless `writes` takes them (a task being submitted).
+        stored rows unless `writes` takes them (a task being submitted). A step of an internal
+        connector that is ready is run here (`InternalSteps`), and what it unblocks moves too:
+        the pass repeats until none is left ready.
         """
         writes = writes or writes_to.Stored(conn)
         ids = sorted(tasks)
-        registry = self.registry
-        await registry.ensure(
+        await self.registry.ensure(
             ((s.tool, s.tool_version) for steps in by_task.values() for s in steps), conn=conn
         )
+        moves = _Moves({t: by_task.get(t, []) for t in ids})
+        while True:
+            await self._unblock(conn, tasks, moves, now=now, writes=writes)
+            internal = moves.ready_of(self.internal_connectors)
+            if not internal:
+                break
+            await self._run_internal(conn, tasks, internal, moves, now=now, writes=writes)
         result = Advanced()
-        changes: list[StepChange] = []
-        for task_id in ids:
-            changes += decide_unblocks(
-                AdvanceInput(
-                    steps=by_task[task_id],
-                    context=tasks[task_id].context,
-                    tool_of=registry.get,
-                    now=now,
-                    budget=budget_for(tasks[task_id].max_attempts, by_task[task_id]),
-                )
-            )
-        moved = await writes.change_steps(changes, now=now)
-        after = {c.step.id: target_of(c.transition) for c in changes if c.step.id in moved}
-        asks = approvals.requests(
-            (c for c in changes if c.step.id in moved),
-            tool_of=registry.get,
-            now=now,
-            ttl=self._approval_ttl,
-        )
-        asked = await writes.change_steps(asks, now=now)
-        for step_id in asked:
-            after[step_id] = StepStatus.AWAITING_APPROVAL
-        if self._announcer is not None and self._announcer.announces_approvals and asked:
-            await self._announcer.enqueue(
-                conn,
-                [
-                    (webhooks.approval_request(a, tasks[a.step.task_id]), a.values["decide_by"])
-                    for a in asks
-                    if a.step.id in asked
-                ],
-            )
-        result.ready_connectors.update(
-            c.step.connector for c in changes if after.get(c.step.id) is StepStatus.READY
-        )
+        result.ready_connectors.update(moves.queued_connectors())
         for task_id in ids:
             if counts is None:
-                statuses = [after.get(s.id, s.status) for s in by_task[task_id]]
+                statuses = [moves.status(s) for s in moves.rows[task_id]]
             else:
                 tally = Counter(counts.get(task_id, {}))
-                for c in changes:
-                    if c.step.task_id == task_id and c.step.id in after:
-                        tally[c.step.status] -= 1
-                        tally[after[c.step.id]] += 1
+                for was, is_now in moves.moved_in(task_id):
+                    tally[was] -= 1
+                    tally[is_now] += 1
                 statuses = list(tally.elements())
             await _settle_status(writes, tasks[task_id], statuses, now=now, result=result)
         ended = [tasks[t] for t in sorted(result.finished_tasks) if tasks[t].webhook_url]
@@ -403,6 +444,161 @@ class UnitOfWork:
                 [replace(t, status=result.task_status[t.task_id], finished_at=now) for t in ended],
             )
         return result
+
+    async def _unblock(
+        self,
+        conn: Connection,
+        tasks: dict[str, TaskRow],
+        moves: _Moves,
+        *,
+        now: datetime,
+        writes: writes_to.StepWrites,
+    ) -> None:
+        """One pass: unblock, skip or fail the blocked steps, and ask for approvals."""
+        registry = self.registry
+        changes: list[StepChange] = []
+        for task_id in moves.rows:
+            steps = moves.steps(task_id)
+            changes += decide_unblocks(
+                AdvanceInput(
+                    steps=steps,
+                    context=tasks[task_id].context,
+                    tool_of=registry.get,
+                    now=now,
+                    budget=budget_for(tasks[task_id].max_attempts, steps),
+                )
+            )
+        moved = await writes.change_steps(changes, now=now)
+        moves.apply(changes, moved)
+        asks = approvals.requests(
+            (c for c in changes if c.step.id in moved),
+            tool_of=registry.get,
+            now=now,
+            ttl=self._approval_ttl,
+        )
+        asked = await writes.change_steps(asks, now=now)
+        moves.apply(asks, asked)
+        if self._announcer is not None and self._announcer.announces_approvals and asked:
+            await self._announcer.enqueue(
+                conn,
+                [
+                    (webhooks.approval_request(a, tasks[a.step.task_id]), a.values["decide_by"])
+                    for a in asks
+                    if a.step.id in asked
+                ],
+            )
+
+    async def _run_internal(
+        self,
+        conn: Connection,
+        tasks: dict[str, TaskRow],
+        ready: Sequence[StepRow],
+        moves: _Moves,
+        *,
+        now: datetime,
+        writes: writes_to.StepWrites,
+    ) -> None:
+        """Lease these ready steps to the controller, run each, and record how it ended: the
+        same transitions and events an executor's would be, in this transaction."""
+        assert self.internal is not None
+        leases = [
+            StepChange(
+                step=s,
+                transition=Transition.LEASE,
+                values={
+                    "lease_owner": INTERNAL_EXECUTOR,
+                    "lease_expires_at": None,
+                    "started_at": s.started_at or now,
+                },
+                event_data={"executor_id": INTERNAL_EXECUTOR},
+            )
+            for s in ready
+        ]
+        moves.ran.update(s.id for s in ready)
+        moves.apply(leases, await writes.change_steps(leases, now=now))
+        ends: list[StepChange] = []
+        for step in (moves.current(s) for s in ready):
+            if step.status is not StepStatus.RUNNING:
+                continue  # someone else moved it first
+            tool = self.registry.get(step.tool, step.tool_version)
+            call = InternalCall(task=tasks[step.task_id], step=step, tool=tool, now=now)
+            outcome = await self.internal.run(conn, call)
+            how = Transition.SUCCEED if outcome.error is None else Transition.FAIL
+            values = terminal_values(
+                step, tool=tool, transition=how, now=now, output=outcome.output, error=outcome.error
+            )
+            data = {"error": outcome.error} if outcome.error is not None else None
+            ends.append(StepChange(step=step, transition=how, values=values, event_data=data))
+        moves.apply(ends, await writes.change_steps(ends, now=now))
+
+
+_STEP_FIELDS = frozenset(f.name for f in fields(StepRow))
+
+
+def changed_row(change: StepChange) -> StepRow:
+    """A step as a change leaves it."""
+    values = {k: v for k, v in change.values.items() if k in _STEP_FIELDS and k != "status"}
+    return replace(change.step, status=target_of(change.transition), **values)
+
+
+@dataclass(slots=True)
+class _Moves:
+    """What one advance did, across its passes: each moved step's latest change and its status
+    before the advance. Rows are rebuilt from the changes only when a second pass reads them."""
+
+    rows: dict[str, list[StepRow]]  # by task, as loaded
+    last: dict[int, StepChange] = field(default_factory=dict)
+    before: dict[int, StepStatus] = field(default_factory=dict)
+    ran: set[int] = field(default_factory=set)  # internal steps run (each at most once)
+
+    def apply(self, changes: Iterable[StepChange], moved: set[int]) -> None:
+        for change in changes:
+            if change.step.id in moved:
+                self.before.setdefault(change.step.id, change.step.status)
+                self.last[change.step.id] = change
+
+    def status(self, step: StepRow) -> StepStatus:
+        change = self.last.get(step.id)
+        return step.status if change is None else target_of(change.transition)
+
+    def _connector(self, step: StepRow) -> str:
+        change = self.last.get(step.id)
+        return step.connector if change is None else change.values.get("connector", step.connector)
+
+    def current(self, step: StepRow) -> StepRow:
+        change = self.last.get(step.id)
+        return step if change is None else changed_row(change)
+
+    def steps(self, task_id: str) -> list[StepRow]:
+        rows = self.rows[task_id]
+        return [self.current(s) for s in rows] if self.last else rows
+
+    def ready_of(self, connectors: frozenset[str]) -> list[StepRow]:
+        """Ready steps of these connectors not run yet, as they are now."""
+        if not connectors:
+            return []
+        return [
+            self.current(s)
+            for rows in self.rows.values()
+            for s in rows
+            if s.id not in self.ran
+            and self.status(s) is StepStatus.READY
+            and self._connector(s) in connectors
+        ]
+
+    def queued_connectors(self) -> set[str]:
+        """The connectors of the steps this advance queued (the pollers to wake)."""
+        return {
+            self._connector(c.step)
+            for c in self.last.values()
+            if target_of(c.transition) is StepStatus.READY
+        }
+
+    def moved_in(self, task_id: str) -> Iterator[tuple[StepStatus, StepStatus]]:
+        """(status before, status now) of each step of the task that moved."""
+        for step in self.rows[task_id]:
+            if step.id in self.before:
+                yield self.before[step.id], self.status(step)
 
 
 async def _settle_status(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import ToolSpec, openai_name
+from agent_reach_controller.tools.memory import MEMORY_CONNECTOR
 
 Format = Literal["native", "openai", "openai_chat", "openai_responses", "anthropic", "mcp"]
 
@@ -122,6 +123,9 @@ def mcp(spec: ToolSpec) -> dict[str, Any]:
     }
 
 
+# Connectors whose tools are called by runs only, never by a caller's plan.
+_RUNS_ONLY = frozenset({MODEL_CONNECTOR, MEMORY_CONNECTOR})
+
 SHAPES: dict[str, Callable[[ToolSpec], dict[str, Any]]] = {
     "openai": chat,
     "openai_chat": chat,
@@ -133,6 +137,7 @@ SHAPES: dict[str, Callable[[ToolSpec], dict[str, Any]]] = {
 
 def tool_list(specs: Iterable[ToolSpec], format: str) -> list[dict[str, Any]]:
     """The tools in one model API's shape (`format` a key of SHAPES). An agent's model is no
-    tool a model may call (runs call it), so it is never listed."""
+    tool a model may call (runs call it), so it is never listed; nor are the memory tools, which
+    only a run's model calls (for its subject)."""
     shape = SHAPES[format]
-    return [shape(spec) for spec in specs if spec.connector != MODEL_CONNECTOR]
+    return [shape(spec) for spec in specs if spec.connector not in _RUNS_ONLY]
