@@ -52,6 +52,7 @@ tools:
 requirements: $(VENV)
 	$(BIN)/pip-compile $(PIP_COMPILE_FLAGS) -o requirements/runtime.txt pyproject.toml
 	$(BIN)/pip-compile $(PIP_COMPILE_FLAGS) --extra dev -o requirements/dev.txt pyproject.toml
+	$(BIN)/pip-compile $(PIP_COMPILE_FLAGS) -o requirements/embed.txt requirements/embed.in
 
 run: setup
 	$(BIN)/reach dev --demo
@@ -115,7 +116,7 @@ bench-scale: setup
 bench-memory: setup
 	test -x $(VENV)/embed/bin/python || $(PYTHON) -m venv $(VENV)/embed
 	$(VENV)/embed/bin/python -c 'import wordllama' 2>/dev/null || \
-		$(VENV)/embed/bin/pip install --quiet wordllama==0.4.0.post1
+		$(VENV)/embed/bin/pip install --quiet -r requirements/embed.txt
 	AGENT_REACH_BENCH_EMBED_PYTHON=$(VENV)/embed/bin/python $(PY) -m tests.bench.memory_recall
 
 # An executor pool token for deploy/compose.yaml: the token in deploy/.env (compose reads it),
