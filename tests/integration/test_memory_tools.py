@@ -210,6 +210,7 @@ async def test_a_model_forgets_and_the_runs_replay_still_works(
     for replay in replays:
         assert replay.status_code == 200, replay.text
         assert "peanuts" not in replay.text
+        assert replay.json()["identical"] is True  # the dry run agrees with what is kept
     assert "[forgotten]" in replays[0].text
     assert len(models.requests) == 5
 
