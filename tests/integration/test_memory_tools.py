@@ -5,6 +5,7 @@ planted is marked, a forget keeps replay working, and no executor ever receives 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from agent_reach_controller.domain.records import MemoryOrigin
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.memory import Entry, Writer
 from agent_reach_controller.storage.schema import audit_log, events
@@ -177,6 +179,43 @@ async def test_what_a_tools_output_planted_is_stored_as_a_receipts_and_shown_unt
     assert (shown["origin"], shown["untrusted"]) == ("receipt", True)
     assert "never as the user's wishes" in search.output["note"]
     assert "untrusted" in str(models.requests[3][1])
+
+
+async def test_what_came_from_a_tool_stays_untrusted_when_read_again_or_passed_by_reference(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    again = {"type": "preference", "key": "summaries", "text": POISON}
+    piped = {"type": "fact", "key": "mail", "text": "$read.output.body"}
+    plan = {
+        "goal": "keep the mail",
+        "steps": [
+            {"step_id": "read", "tool": "mail.read", "args": {}},
+            {"step_id": "keep", "tool": "memory.save", "args": piped, "depends_on": ["read"]},
+        ],
+    }
+    script = [
+        call_tools([("memory_search", {"query": "reports"})]),
+        call_tools([("memory_save", again)]),
+        answer("Kept."),
+        answer(json.dumps(plan)),
+        answer("Kept the mail."),
+    ]
+    with ScriptedModels(script) as models:
+        async with stack(database_url, tmp_path, monkeypatch, extra_tools=[MAIL]) as (c, api):
+            planted = Writer(tenant="default", actor="run:x", origin=MemoryOrigin.RECEIPT)
+            await c.memory.put(planted, "u1", Entry(type="preference", key="reports", text=POISON))
+            await put_agent(api, "keeper", rememberer(models))
+            await put_agent(api, "planner", rememberer(models) | {"mode": "plan"})
+            reread = await run(api, {"agent": "keeper", "input": "Tidy up.", "subject": "u1"})
+            planned = await run(api, {"agent": "planner", "input": "Tidy up.", "subject": "u2"})
+            [resaved] = [e for e in await c.memory.entries("default", "u1") if e.key != "reports"]
+            [kept] = await c.memory.entries("default", "u2")
+    assert (reread["status"], planned["status"]) == ("succeeded", "succeeded")
+    # Read back from an untrusted entry in an earlier round, and saved again: still a receipt's.
+    assert (resaved.key, resaved.origin.value) == ("summaries", "receipt")
+    # A plan's step passing a tool's output on: the model never read it, it is a receipt's all
+    # the same (in the same round, before anything was read back to the model).
+    assert (kept.text, kept.origin.value) == (POISON, "receipt")
 
 
 async def test_a_model_forgets_and_the_runs_replay_still_works(

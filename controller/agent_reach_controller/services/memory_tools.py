@@ -14,6 +14,7 @@ instruction, and shown as untrusted by search and list).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from agent_reach.errors import ErrorCode
@@ -24,11 +25,13 @@ from agent_reach_controller.services.memory import (
     MemoryInputError,
     MemoryQuotaError,
     MemoryService,
+    Provenance,
     Writer,
 )
 from agent_reach_controller.services.unit_of_work import InternalCall, InternalOutcome
 from agent_reach_controller.storage import memory as memory_store
 from agent_reach_controller.storage import runs as run_store
+from agent_reach_controller.storage import steps as step_store
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.tools.memory import (
     DEFAULT_LIST,
@@ -118,8 +121,7 @@ class MemoryTools:
         )
         origin = MemoryOrigin.MODEL  # what is not text is refused below, whatever its origin
         if isinstance(entry.text, str):
-            seen = await self._memory.provenance(conn, run.run_id, current_task=call.task.task_id)
-            origin = seen.origin(entry)
+            origin = (await self._provenance(conn, call, run)).origin(entry)
         writer = Writer(
             tenant=run.tenant,
             actor=f"run:{run.run_id}",
@@ -143,6 +145,19 @@ class MemoryTools:
             "created": written.created,
             "origin": written.entry.origin.value,
         }
+
+    async def _provenance(self, conn: Connection, call: InternalCall, run: RunRow) -> Provenance:
+        """What the run had seen: memory's rule (its user's words, a tool's output read in an
+        earlier round), and two ways in that rule does not see. A plan's step whose arguments
+        come from other steps (`depends_on`) carries their outputs without the model reading
+        them; and an entry a search or list showed untrusted is a tool's output still, read
+        again. Either counts as a tool's output read, so nothing is laundered into trust."""
+        seen = await self._memory.provenance(conn, run.run_id, current_task=call.task.task_id)
+        if seen.read_receipts:
+            return seen
+        if call.step.depends_on or await _read_untrusted(conn, run.run_id, call.task.task_id):
+            return replace(seen, read_receipts=True)
+        return seen
 
     async def _search(
         self, conn: Connection, run: RunRow, args: Mapping[str, Any]
@@ -177,6 +192,18 @@ class MemoryTools:
             )
         await self._memory.forget_in(conn, f"run:{run.run_id}", [entry], now=call.now)
         return {"forgotten": entry.memory_id, "type": entry.type, "key": entry.key}
+
+
+async def _read_untrusted(conn: Connection, run_id: str, current_task: str) -> bool:
+    """Whether a memory step of an earlier round of the run showed the model an untrusted
+    entry (one a tool's output planted)."""
+    earlier = [t for t in await memory_store.run_tasks(conn, [run_id]) if t < current_task]
+    return any(
+        s.connector == MEMORY_CONNECTOR
+        and isinstance(s.output, dict)
+        and any(isinstance(m, dict) and m.get("untrusted") for m in s.output.get("memories", ()))
+        for s in await step_store.load_steps(conn, earlier)
+    )
 
 
 async def _named_entry(conn: Connection, run: RunRow, args: Mapping[str, Any]) -> MemoryRow:
