@@ -191,6 +191,15 @@ async def test_what_came_from_a_tool_stays_untrusted_when_read_again_or_passed_b
         "steps": [
             {"step_id": "read", "tool": "mail.read", "args": {}},
             {"step_id": "keep", "tool": "memory.save", "args": piped, "depends_on": ["read"]},
+            # Internal steps in a chain, then a tool again: each moves in the pass that ends
+            # the step before it, and the last is queued for an executor.
+            {"step_id": "check", "tool": "memory.list", "args": {}, "depends_on": ["keep"]},
+            {
+                "step_id": "say",
+                "tool": "echo.say",
+                "args": {"text": "$check.output.memories"},
+                "depends_on": ["check"],
+            },
         ],
     }
     script = [
@@ -210,12 +219,16 @@ async def test_what_came_from_a_tool_stays_untrusted_when_read_again_or_passed_b
             planned = await run(api, {"agent": "planner", "input": "Tidy up.", "subject": "u2"})
             [resaved] = [e for e in await c.memory.entries("default", "u1") if e.key != "reports"]
             [kept] = await c.memory.entries("default", "u2")
+            chain = await calls_of(c, planned["rounds"][0]["task_id"])
     assert (reread["status"], planned["status"]) == ("succeeded", "succeeded")
     # Read back from an untrusted entry in an earlier round, and saved again: still a receipt's.
     assert (resaved.key, resaved.origin.value) == ("summaries", "receipt")
     # A plan's step passing a tool's output on: the model never read it, it is a receipt's all
     # the same (in the same round, before anything was read back to the model).
     assert (kept.text, kept.origin.value) == (POISON, "receipt")
+    assert [chain[s].status.value for s in ("read", "keep", "check", "say")] == ["succeeded"] * 4
+    [listed] = chain["say"].resolved_args["text"]
+    assert (listed["memory_id"], listed["untrusted"]) == (kept.memory_id, True)
 
 
 async def test_a_model_forgets_and_the_runs_replay_still_works(
