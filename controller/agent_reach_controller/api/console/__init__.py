@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from agent_reach_controller.api.console import actions, pages, runs
+from agent_reach_controller.api.console import actions, memory, pages, runs
 from agent_reach_controller.api.console.query import BadQueryError
 from agent_reach_controller.api.console.render import NotSignedInError, page, to_sign_in
 
@@ -15,6 +15,7 @@ def install(app: FastAPI) -> None:
     app.include_router(actions.router)
     app.include_router(pages.router)
     app.include_router(runs.router)
+    app.include_router(memory.router)
 
     @app.exception_handler(NotSignedInError)
     async def not_signed_in(request: Request, _: NotSignedInError) -> Response:

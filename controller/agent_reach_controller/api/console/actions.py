@@ -63,13 +63,13 @@ def _text(form: Form, name: str) -> str:
     return form.get(name, "")
 
 
-async def _checked_form(found: Visit) -> Form | None:
+async def checked_form(found: Visit) -> Form | None:
     """The action's form when it carries this session's CSRF token; None otherwise."""
     form = await _form(found.request)
     return form if csrf_matches(found.sign_in.secret, _text(form, "csrf")) else None
 
 
-def _csrf_refused(found: Visit) -> Response:
+def csrf_refused(found: Visit) -> Response:
     refused = Answer(
         status=403,
         body={
@@ -108,8 +108,8 @@ async def login(request: Request, deps: Deps) -> Response:
 
 @router.post("/logout")
 async def logout(found: SignedIn) -> Response:
-    if await _checked_form(found) is None:
-        return _csrf_refused(found)
+    if await checked_form(found) is None:
+        return csrf_refused(found)
     secret = found.request.cookies.get(COOKIE)
     if secret:
         await found.deps.sign_ins.end(secret)
@@ -120,8 +120,8 @@ async def logout(found: SignedIn) -> Response:
 
 async def _act(found: Visit, path: str, *, what: str, body: Any = None) -> Answer | Response:
     """One action: the form's CSRF token checked, then its /v1 call; a refusal as a page."""
-    if await _checked_form(found) is None:
-        return _csrf_refused(found)
+    if await checked_form(found) is None:
+        return csrf_refused(found)
     answer = await found.v1.post(path, body)
     return answer if answer.ok else found.problem(answer, what=what)
 
@@ -156,9 +156,9 @@ async def rerun(found: SignedIn, task_id: str) -> Response:
 @router.post("/tasks/{task_id}/steps/{step_id}/approval")
 async def decide(found: SignedIn, task_id: str, step_id: str) -> Response:
     """Approve (with the arguments as shown, or as edited) or reject with a reason."""
-    form = await _checked_form(found)
+    form = await checked_form(found)
     if form is None:
-        return _csrf_refused(found)
+        return csrf_refused(found)
     decision = _text(form, "decision")
     body: dict[str, Any] = {"decision": decision, "reason": _text(form, "reason").strip()}
     edited = _text(form, "args").strip()

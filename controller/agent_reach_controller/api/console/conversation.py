@@ -12,6 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent_reach_controller.decide.memory import FORGOTTEN
+from agent_reach_controller.decide.run_memory import EXTRACTION_ROLE, MEMORY_ROLE
+
 # Who says an entry of each role, as the page names them.
 _SPEAKERS = {
     "user": "Caller",
@@ -53,7 +56,39 @@ class Result:
     kind: str = "result"
 
 
-Entry = Said | Call | Result
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memory:
+    """One memory a run was reminded of: what it is and why it was chosen, never its text."""
+
+    memory_id: str
+    type: str
+    key: str
+    score: float | None
+    pinned: bool
+    forgotten: bool  # deleted since: the run's record holds "[forgotten]" for its text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recalled:
+    """The subject's memories the run started with (its prompt's data block)."""
+
+    memories: list[Memory]
+    kind: str = "recalled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Extraction:
+    """The run's extraction: asked (its round runs), skipped or failed and why, or done with
+    what it stored and what it refused (where and why, never the proposal's words)."""
+
+    state: str
+    reason: str
+    stored: list[Mapping[str, Any]]
+    refused: list[Mapping[str, Any]]
+    kind: str = "extraction"
+
+
+Entry = Said | Call | Result | Recalled | Extraction
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +131,10 @@ def entries_of(stored: Mapping[str, Any]) -> list[Entry]:
         return [Said(kind=role, speaker=role, text=_text(message))]
     if role in ("route", "category"):
         return [_choice(role, message)]
+    if role == MEMORY_ROLE:
+        return [_recalled(message)]
+    if role == EXTRACTION_ROLE:
+        return [_extraction(message)]
     parts = _parts(message)
     said = " ".join(p for p in parts if isinstance(p, str) and p.strip())
     shown: list[Entry] = []
@@ -111,6 +150,37 @@ def _choice(role: str, message: Mapping[str, Any]) -> Said:
     text = f"{_text(chose)}: {_text(reason)}" if reason else _text(chose)
     speaker = "Router" if role == "route" else "Tool category"
     return Said(kind=role, speaker=speaker, text=text)
+
+
+def _recalled(message: Mapping[str, Any]) -> Recalled:
+    listed = message.get("recalled")
+    return Recalled(
+        memories=[
+            Memory(
+                memory_id=_id(e.get("memory_id")),
+                type=_text(e.get("type")),
+                key=_text(e.get("key")),
+                score=e["score"] if isinstance(e.get("score"), int | float) else None,
+                pinned=e.get("pinned") is True,
+                forgotten=e.get("text") == FORGOTTEN,
+            )
+            for e in (listed if isinstance(listed, list) else [])
+            if isinstance(e, dict)
+        ]
+    )
+
+
+def _extraction(message: Mapping[str, Any]) -> Extraction:
+    def listed(name: str) -> list[Mapping[str, Any]]:
+        found = message.get(name)
+        return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+
+    return Extraction(
+        state=_text(message.get("state")),
+        reason=_text(message.get("reason")),
+        stored=listed("stored"),
+        refused=listed("refused"),
+    )
 
 
 def _parts(message: Mapping[str, Any]) -> list[str | Call | Result]:

@@ -57,8 +57,22 @@ class V1:
     async def post(self, path: str, body: Any = None) -> Answer:
         return await self._call("POST", path, json=body)
 
-    async def _call(self, method: str, path: str, **kw: Any) -> Answer:
-        headers = {"Accept": "application/json", "Cookie": f"{COOKIE}={self._sign_in.secret}"}
+    async def patch(self, path: str, body: Any, *, if_match: str | None = None) -> Answer:
+        """A partial change; `if_match` (an ETag) makes it one of the version the person saw."""
+        sent = {} if if_match is None else {"If-Match": if_match}
+        return await self._call("PATCH", path, json=body, sent=sent)
+
+    async def delete(self, path: str, params: dict[str, Any] | None = None) -> Answer:
+        return await self._call("DELETE", path, params=params or {})
+
+    async def _call(
+        self, method: str, path: str, sent: dict[str, str] | None = None, **kw: Any
+    ) -> Answer:
+        headers = {
+            **(sent or {}),
+            "Accept": "application/json",
+            "Cookie": f"{COOKIE}={self._sign_in.secret}",
+        }
         if method != "GET":
             headers[CSRF_HEADER] = self._sign_in.csrf
         sign_ins = self._request.app.state.components.sign_ins
