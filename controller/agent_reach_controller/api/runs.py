@@ -244,20 +244,51 @@ def _recalled(messages: list[RunMessage] | None) -> list[RecalledOut] | None:
     return None if found is None else [RecalledOut.model_validate(r) for r in found]
 
 
+# What a run's memory tools do to its subject's memory: its caller must be allowed that too.
+_MEMORY_ACTIONS = {
+    "memory.save": Action.MEMORY_WRITE,
+    "memory.search": Action.MEMORY_READ,
+    "memory.list": Action.MEMORY_READ,
+    "memory.forget": Action.MEMORY_FORGET,
+}
+
+
+def _allowed(deps: Components, who: Principal, tool: str) -> Action | None:
+    """The action the caller lacks to let a run's model call `tool` (None: it has them)."""
+    if not deps.policy.allows(who.roles, Action.SUBMIT, tool):
+        return Action.SUBMIT
+    memory = _MEMORY_ACTIONS.get(tool)
+    if memory is not None and not deps.policy.allows(who.roles, memory):
+        return memory
+    return None
+
+
 def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]:
-    """The tools the run's model may call: the profile's, those the caller may submit."""
+    """The tools the run's model may call: the profile's, those the caller may submit (and,
+    for memory's tools, may read, write or forget memory)."""
     named = [p for p in profile.tools if not any(c in p for c in "*?[")]
     for name in named:
-        if not deps.policy.allows(who.roles, Action.SUBMIT, name):
-            raise ForbiddenError(who, Action.SUBMIT, name)
+        lacking = _allowed(deps, who, name)
+        if lacking is not None:
+            raise ForbiddenError(who, lacking, name)
     return sorted(
         spec.name
         for spec in deps.catalog.values()
         if spec.enabled
         and not is_agent(spec)
         and any(fnmatch.fnmatchcase(spec.name, p) for p in profile.tools)
-        and deps.policy.allows(who.roles, Action.SUBMIT, spec.name)
+        and _allowed(deps, who, spec.name) is None
     )
+
+
+def _memory_rights(deps: Components, who: Principal, profile: AgentProfile) -> None:
+    """A run with a subject reads its memory (recall) and writes it (extraction): its caller
+    must be allowed to."""
+    wanted = [(profile.memory.recall > 0, Action.MEMORY_READ)]
+    wanted.append((profile.memory.extract, Action.MEMORY_WRITE))
+    for asked, action in wanted:
+        if asked and not deps.policy.allows(who.roles, action):
+            raise ForbiddenError(who, action)
 
 
 def _messages(runs: RunService, spec: ToolSpec, given: str | list[dict[str, Any]]) -> list[Any]:
@@ -308,6 +339,8 @@ async def start_run(
     require(deps, who, Action.SUBMIT, body.agent)
     await deps.registry.refresh()
     spec, profile = await deps.runs.agent(body.agent, body.version)
+    if body.subject is not None:
+        _memory_rights(deps, who, profile)
     try:
         limits = profile.limits.overridden(body.limits.model_dump(exclude_none=True))
     except (ValueError, ValidationError) as exc:
