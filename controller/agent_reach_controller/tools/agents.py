@@ -14,7 +14,16 @@ import fnmatch
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent_reach.destinations import Destinations
 from agent_reach_controller.tools.catalog import (
@@ -98,6 +107,52 @@ class Limits(BaseModel):
         return tighter
 
 
+class EmbeddingSettings(BaseModel):
+    """Where a run's recall gets its embeddings: an OpenAI-compatible `/embeddings`, called as an
+    executor step through the agent's own model tool (the controller holds no model key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    model: str = Field(
+        min_length=1, max_length=128, description="The embedding model (`text-embedding-3-small`)"
+    )
+    base_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Another endpoint's base URL for embeddings (needed when the profile's "
+        "endpoint is `anthropic`, which has no /embeddings); by default the profile's own. Its "
+        "host must be one the profile's `allow_hosts` or `destinations` admit",
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="With `base_url`, that endpoint's key: a `${env:NAME}` reference",
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _reference_only(cls, value: str | None) -> str | None:
+        if value is not None and not _SECRET_REFERENCE.match(value):
+            raise ValueError(
+                "api_key must be a reference such as ${env:OPENAI_API_KEY}, never the key itself"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> EmbeddingSettings:
+        # The chat endpoint's key is never sent to another host by default.
+        if (self.api_key is None) != (self.base_url is None):
+            raise ValueError("base_url and api_key are given together, or neither")
+        return self
+
+    def endpoint(self) -> dict[str, str] | None:
+        """The model tool's `config.embeddings` (None: the chat endpoint's)."""
+        if self.base_url is None or self.api_key is None:
+            return None
+        return {"base_url": self.base_url, "api_key": self.api_key}
+
+
 class MemorySettings(BaseModel):
     """What a run remembers of its subject (the end user a caller names on the run): what it is
     reminded of when it starts, and whether it proposes memories when it ends. A run without a
@@ -129,6 +184,16 @@ class MemorySettings(BaseModel):
         min_length=1,
         max_length=len(EXTRACT_TYPES),
         description="The types extraction may propose (a reserved type, such as profile, never)",
+    )
+
+    embeddings: EmbeddingSettings | None = Field(
+        default=None,
+        # Settings without embeddings read, and are stored, as they were before there were any
+        # (a profile's version is a hash of what is stored).
+        exclude_if=lambda value: value is None,
+        description="Recall by embeddings: the run's input and its subject's memories are "
+        "embedded (a step before the first model call; each memory once per model, at most 63 "
+        "a run) and the nearest by cosine are recalled; without it, full-text search",
     )
 
     @field_validator("extract_types")
@@ -195,6 +260,30 @@ class AgentProfile(BaseModel):
     rate_limit: RateLimit | None = None
     breaker: BreakerPolicy | None = None
 
+    @field_validator("memory")
+    @classmethod
+    def _embeddings_reachable(cls, value: MemorySettings, info: ValidationInfo) -> MemorySettings:
+        endpoint = info.data.get("endpoint")
+        wanted = value.embeddings
+        if wanted is None or wanted.base_url is not None or endpoint is None:
+            return value
+        if endpoint.kind == "anthropic":
+            raise ValidationError.from_exception_data(
+                "MemorySettings",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "value_error",
+                            "an anthropic endpoint has no /embeddings: give the embeddings' own "
+                            "base_url and api_key",
+                        ),
+                        loc=("embeddings", "base_url"),
+                        input=None,
+                    )
+                ],
+            )
+        return value
+
     def allows(self, tool: str) -> bool:
         return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
 
@@ -214,15 +303,22 @@ class AgentProfile(BaseModel):
                 "prices",
             },
         )
+        config: dict[str, Any] = {k: v for k, v in endpoint.items() if k != "kind"}
         if self.memory != MemorySettings():  # a profile without it keeps the version it had
             agent["memory"] = self.memory.model_dump(mode="json")
+            embeddings = self.memory.embeddings
+            if embeddings is not None:
+                # An endpoint of its own goes where the connector reads it (model_embeddings.py),
+                # stored once: the profile's copy keeps the model.
+                agent["memory"]["embeddings"] = {"model": embeddings.model}
+                if (elsewhere := embeddings.endpoint()) is not None:
+                    config["embeddings"] = elsewhere
         return ToolSpec.model_validate(
             {
                 "name": name,
                 "description": self.description,
                 "connector": MODEL_CONNECTOR,
-                "config": {**{k: v for k, v in endpoint.items() if k != "kind"}}
-                | {"endpoint": endpoint["kind"], "agent": agent},
+                "config": config | {"endpoint": endpoint["kind"], "agent": agent},
                 # A model call changes nothing downstream: safe to send again.
                 "risk": "read",
                 "idempotent": True,
@@ -242,6 +338,11 @@ def profile_of(spec: ToolSpec) -> AgentProfile:
     """The profile a `model` tool was stored from."""
     config = dict(spec.config)
     agent = dict(config.pop("agent", {}))
+    elsewhere = config.pop("embeddings", None)
+    if isinstance(elsewhere, dict) and isinstance(agent.get("memory"), dict):
+        memory = dict(agent["memory"])
+        memory["embeddings"] = dict(memory.get("embeddings") or {}) | elsewhere
+        agent["memory"] = memory
     endpoint = {"kind": config.pop("endpoint")} | {
         k: v for k, v in config.items() if k in Endpoint.model_fields
     }
