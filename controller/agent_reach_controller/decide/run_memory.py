@@ -23,7 +23,8 @@ from jsonschema import Draft202012Validator
 from agent_reach_controller.decide import memory as memory_rules
 from agent_reach_controller.decide.memory import FORGOTTEN, MAX_KEY, MAX_TEXT, Problem, Recalled
 from agent_reach_controller.decide.runs import over_budget
-from agent_reach_controller.domain.records import RunMessage, RunRow
+from agent_reach_controller.domain.records import MemoryRow, RunMessage, RunRow
+from agent_reach_controller.planning.references import escape, unescape
 from agent_reach_controller.tools.agents import EXTRACT_TYPES, AgentProfile, Limits
 
 # The conversation's entries that record memory (never sent to the model as messages).
@@ -90,6 +91,86 @@ def block_of(conversation: Sequence[RunMessage]) -> str:
         if isinstance(e, dict) and e.get("text") not in (None, FORGOTTEN)
     ]
     return memory_rules.render(lines) if lines else ""
+
+
+# -- recall by embeddings ------------------------------------------------------------------------
+
+# The step of a run's first round that embeds its input and its subject's memories, before the
+# model's call (which depends on it), with the agent's own model tool: the `embed` operation of
+# the model connector (connectors' model_embeddings.py), whose limits these are. The arguments
+# never hold `run`: that names a round's model call.
+RECALL_STEP = "recall"
+EMBED = "embed"
+MAX_EMBED_TEXTS = 64
+MAX_EMBED_CHARS = 8000
+# The memories one run start embeds at most (the input takes the first text); the rest get
+# theirs at later run starts, and are not ranked by vectors until then.
+MAX_EMBED_MEMORIES = MAX_EMBED_TEXTS - 1
+# The cosine a memory must exceed to be recalled: top K of entries that point nowhere near the
+# input would fill the prompt with noise (full text recalls only entries that match, too). Not
+# zero: vectors are stored as float32, so orthogonal ones compare at about ±1e-7.
+MIN_COSINE = 1e-6
+
+
+def is_recall(step_id: str, args: Mapping[str, Any]) -> bool:
+    """Whether a model step is a run's recall: its embed call, not a round's model call."""
+    return step_id == RECALL_STEP and args.get("operation") == EMBED and "run" not in args
+
+
+def embed_args(
+    model: str, query: str, unembedded: Sequence[tuple[str, str, str]]
+) -> dict[str, Any]:
+    """The recall step's arguments: the input, then each memory's text (`unembedded`: id, mark,
+    text), and which memory each vector is for, with the mark its text had (a vector for a text
+    that changed since is never stored). Escaped: a text is data, never a step reference."""
+    chosen = unembedded[:MAX_EMBED_MEMORIES]
+    args: dict[str, Any] = escape(
+        {
+            "operation": EMBED,
+            "model": model,
+            "input": [query[:MAX_EMBED_CHARS], *(text[:MAX_EMBED_CHARS] for _, _, text in chosen)],
+            "memories": [[memory_id, mark] for memory_id, mark, _ in chosen],
+        }
+    )
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """A recall step's answer, read: the input's vector, and each memory's."""
+
+    model: str
+    query: list[float]
+    memories: list[tuple[str, str, list[float]]]  # (id, mark, vector)
+
+
+def read_embedded(args: Mapping[str, Any], output: Any) -> Embedded:
+    """The recall step's output beside its arguments (ValueError: it does not fit them)."""
+    asked = unescape(dict(args))
+    listed = asked.get("memories")
+    vectors = output.get("vectors") if isinstance(output, Mapping) else None
+    if not isinstance(listed, list) or not isinstance(vectors, list):
+        raise ValueError("the embeddings call answered no vectors")
+    if len(vectors) != 1 + len(listed):
+        raise ValueError(
+            f"the embeddings call answered {len(vectors)} vectors for {1 + len(listed)} texts"
+        )
+    return Embedded(
+        model=str(asked.get("model")),
+        query=vectors[0],
+        memories=[(str(i), str(m), v) for (i, m), v in zip(listed, vectors[1:], strict=True)],
+    )
+
+
+def near_enough(ranked: Sequence[tuple[MemoryRow, float]]) -> list[tuple[MemoryRow, float]]:
+    return [(entry, score) for entry, score in ranked if score > MIN_COSINE]
+
+
+def embed_summary(output: Any, *, embedded: int) -> dict[str, Any]:
+    """What the recall step's output becomes once read: its model, how many memories' vectors
+    were stored, its usage. The vectors live with the memories only (a delete takes them)."""
+    said = output if isinstance(output, Mapping) else {}
+    return {"model": said.get("model"), "embedded": embedded, "usage": said.get("usage")}
 
 
 # -- extraction ----------------------------------------------------------------------------------

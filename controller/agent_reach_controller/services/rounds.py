@@ -48,6 +48,9 @@ from agent_reach_controller.tools.catalog import ToolSpec
 _NOT_SENT = frozenset({"route", "category", memory_rules.MEMORY_ROLE, memory_rules.EXTRACTION_ROLE})
 # The step of a round that calls the model (a tool call's id never takes it: see number_calls).
 MODEL_STEP = "model"
+# A round's steps that are not the model's tool calls: its model call, and (a run's first round,
+# when its profile recalls by embeddings) the recall step before it.
+ROUND_STEPS = frozenset({MODEL_STEP, memory_rules.RECALL_STEP})
 
 
 def endpoint_of(spec: ToolSpec) -> EndpointKind:
@@ -175,7 +178,14 @@ class Rounds:
 
     async def model_answered(self, tx: TaskWork, step: StepRow, output: Any) -> None:
         """A round's model call succeeded: its reply joins the conversation, and its tool calls
-        join the round (or the run has its answer, or a limit ends it)."""
+        join the round (or the run has its answer, or a limit ends it). A run's recall step
+        (the embeddings of its input and memories) is read apart: `_recalled`."""
+        if memory_rules.is_recall(step.step_id, step.args):
+            await self._recalled(tx, step, output)
+        else:
+            await self._replied(tx, step, output)
+
+    async def _replied(self, tx: TaskWork, step: StepRow, output: Any) -> None:
         run = await self._current(tx, step.task_id, step.args.get("run"))
         if run is None:
             return
@@ -195,7 +205,7 @@ class Rounds:
         except ReplyError as exc:
             await self.end(tx, run, totals, RunStatus.FAILED, EndReason.INVALID_REPLY, str(exc))
             return
-        ids = endpoint.number_calls(reply, taken={MODEL_STEP}, prefix=f"call_{run.round}_")
+        ids = endpoint.number_calls(reply, taken=set(ROUND_STEPS), prefix=f"call_{run.round}_")
         mode = rules.mode_of(profile, conversation, len(self._tools_of(run)))
         if mode in ("route", "category"):
             await self._chose(tx, run, mode, reply.text, totals)
@@ -267,6 +277,41 @@ class Rounds:
             types = profile.memory.extract_types
             said = await self._memory.store(tx.conn, run, step, proposals, types=types, now=tx.now)
         await self._after_extraction(tx, run, totals, said)
+
+    async def _recalled(self, tx: TaskWork, step: StepRow, output: Any) -> None:
+        """A run's recall step answered: its memories' vectors are stored, and what the run is
+        reminded of is recorded before its model step (which depends on this one) is leased.
+        Its output then keeps no vector: those live with the memories, which a delete takes."""
+        task = tx.tasks.get(step.task_id)
+        run = await self._current(tx, step.task_id, task.run_id if task is not None else None)
+        embedded = 0
+        if run is not None and run.subject is not None:
+            profile = profile_of(tx.tool(step))
+            said, embedded = await self._memory.recalled_by_vectors(
+                tx.conn, run, profile, step, output
+            )
+            entry = [(memory_rules.MEMORY_ROLE, said)]
+            await run_store.append_messages(tx.conn, run.run_id, run.round, entry, now=tx.now)
+        await self._memory.put_down(tx.conn, step, output, embedded=embedded)
+
+    async def _recall_failed(
+        self, tx: TaskWork, run: RunRow, recall: StepRow, conversation: Sequence[RunMessage]
+    ) -> None:
+        """A run's recall step ended without its vectors (so its model step was skipped): the
+        run recalls by full text, saying why, and its round starts again with the model's call
+        alone (a task of the same round number)."""
+        why = (recall.error or {}).get("message") or f"it ended {recall.status}"
+        if run.subject is not None and not any(
+            m.role == memory_rules.MEMORY_ROLE for m in conversation
+        ):
+            profile = profile_of(self._work.registry.get(run.agent, run.agent_version))
+            said = await self._memory.recalled_without_vectors(
+                tx.conn, run, profile, f"the embeddings call failed: {why}"
+            )
+            entry = [(memory_rules.MEMORY_ROLE, said)]
+            await run_store.append_messages(tx.conn, run.run_id, run.round, entry, now=tx.now)
+        task_id = await self.new_round(tx, run, run.round)
+        await run_store.update_run(tx.conn, run, {"task_id": task_id}, now=tx.now)
 
     async def _extraction_ended(self, tx: TaskWork, run: RunRow, task: TaskRow) -> None:
         """The extraction's round ended without its reply (the model's call failed, the
@@ -460,8 +505,9 @@ class Rounds:
         rows = step_rows(data, task.task_id, task.trace_id, tx.now, registry)
         model = await tx.steps_of(task.task_id)
         key_id = next((s.key_id for s in model if s.step_id == MODEL_STEP), None)
+        first = 1 + max((s.position for s in model if s.step_id in ROUND_STEPS), default=0)
         for row in rows:
-            row["position"] += 1  # the model's call is the round's first step
+            row["position"] += first  # after the model's call (and the recall before it)
             row["key_id"] = key_id
         added = await store.add_steps(tx.conn, rows)
         refused = refusals(added, plan, registry, tx.now)
@@ -498,11 +544,7 @@ class Rounds:
         steps = await tx.steps_of(task.task_id)
         model = next((s for s in steps if s.step_id == MODEL_STEP), None)
         if model is None or model.status != StepStatus.SUCCEEDED:
-            error = model.error if model is not None else None
-            detail = (error or {}).get("message") or "the model's call failed"
-            await self.end(
-                tx, run, {}, RunStatus.FAILED, EndReason.MODEL_FAILED, detail, error=error
-            )
+            await self._unanswered_round(tx, run, steps, conversation)
             return
         endpoint = endpoint_of(self._work.registry.get(model.tool, model.tool_version))
         answers = self._answers(task, steps)
@@ -524,11 +566,29 @@ class Rounds:
         task_id = await self.new_round(tx, run, number)
         await run_store.update_run(tx.conn, run, {"round": number, "task_id": task_id}, now=tx.now)
 
+    async def _unanswered_round(
+        self,
+        tx: TaskWork,
+        run: RunRow,
+        steps: Sequence[StepRow],
+        conversation: Sequence[RunMessage],
+    ) -> None:
+        """A round ended without the model's answer: its recall step failed (the round starts
+        again, recalling by full text), or the model's call did (the run ends)."""
+        recall = next((s for s in steps if s.step_id == memory_rules.RECALL_STEP), None)
+        if recall is not None and recall.status != StepStatus.SUCCEEDED:
+            await self._recall_failed(tx, run, recall, conversation)
+            return
+        model = next((s for s in steps if s.step_id == MODEL_STEP), None)
+        error = model.error if model is not None else None
+        detail = (error or {}).get("message") or "the model's call failed"
+        await self.end(tx, run, {}, RunStatus.FAILED, EndReason.MODEL_FAILED, detail, error=error)
+
     def _answers(self, task: TaskRow, steps: list[StepRow]) -> list[Answer]:
         """Each call's receipt as the model reads it (a fan-out's children answer as one)."""
         answers = []
         for s in sorted(steps, key=lambda s: s.position):
-            if s.step_id == MODEL_STEP or fanout.parent_of(s.step_id) is not None:
+            if s.step_id in ROUND_STEPS or fanout.parent_of(s.step_id) is not None:
                 continue
             text = (
                 render_receipt_dict(
@@ -550,22 +610,40 @@ class Rounds:
         entries = [("tool", m) for m in endpoint.replies(answers)]
         await run_store.append_messages(tx.conn, run.run_id, run.round, entries, now=tx.now)
 
-    async def new_round(self, tx: TaskWork, run: RunRow, number: int) -> str:
-        """Add round `number`'s task: one step, the model's call."""
+    async def new_round(
+        self, tx: TaskWork, run: RunRow, number: int, *, recall: dict[str, Any] | None = None
+    ) -> str:
+        """Add round `number`'s task: one step, the model's call; with `recall` (the arguments
+        of an embed call), the recall step first, on which the model's call depends."""
         spec = self._work.registry.get(run.agent, run.agent_version)
         left = (run.deadline - tx.now).total_seconds() if run.deadline is not None else None
-        model = PlannedStep(
-            step_id=MODEL_STEP,
-            tool=run.agent,
-            tool_version=run.agent_version,
-            args={"run": run.run_id, "round": number},
-            depends_on=(),
-            when=None,
-            position=0,
+        steps: list[PlannedStep] = []
+        if recall is not None:
+            steps.append(
+                PlannedStep(
+                    step_id=memory_rules.RECALL_STEP,
+                    tool=run.agent,
+                    tool_version=run.agent_version,
+                    args=recall,
+                    depends_on=(),
+                    when=None,
+                    position=0,
+                )
+            )
+        steps.append(
+            PlannedStep(
+                step_id=MODEL_STEP,
+                tool=run.agent,
+                tool_version=run.agent_version,
+                args={"run": run.run_id, "round": number},
+                depends_on=tuple(s.step_id for s in steps),
+                when=None,
+                position=len(steps),
+            )
         )
         plan = Plan(
             goal=f"round {number} of run {run.run_id}",
-            steps=(model,),
+            steps=tuple(steps),
             context=run.context,
             source=endpoint_of(spec).dialect,
             deadline_s=max(left, 1.0) if left is not None else None,

@@ -1,6 +1,7 @@
 """What runs remember, inside the transactions that move them: the memories a run starts with
-(recalled when it is created), and the memories its extraction proposed (stored when the
-extraction's model step succeeds, with their provenance).
+(recalled when it is created, by full text; or, when its profile names an embedding model, when
+its recall step has embedded its input and its subject's memories), and the memories its
+extraction proposed (stored when the extraction's model step succeeds, with their provenance).
 
 The rules are pure (decide/run_memory.py, decide/memory.py); the store is MemoryService's. A
 proposal that may not be stored is recorded on the run by where it is and why, never by what
@@ -9,10 +10,12 @@ it said (it may hold a secret).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from agent_reach_controller.decide import memory as memory_rules
 from agent_reach_controller.decide import run_memory as rules
 from agent_reach_controller.domain.records import RunRow, StepRow
 from agent_reach_controller.services.memory import (
@@ -22,8 +25,20 @@ from agent_reach_controller.services.memory import (
     MemoryService,
     Writer,
 )
+from agent_reach_controller.storage import memory as memory_store
+from agent_reach_controller.storage import run_memory as store
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.tools.agents import AgentProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """How a starting run recalls: the `memory` entry it records now (by full text), or the
+    arguments of its recall step (by embeddings: the entry is recorded when the step answers).
+    Neither: it recalls nothing (no subject, or a profile that recalls nothing)."""
+
+    record: dict[str, Any] | None = None
+    embed: dict[str, Any] | None = None
 
 
 class RunMemory:
@@ -32,7 +47,7 @@ class RunMemory:
     def __init__(self, memory: MemoryService) -> None:
         self._memory = memory
 
-    async def recalled(
+    async def starting(
         self,
         conn: Connection,
         *,
@@ -40,20 +55,96 @@ class RunMemory:
         subject: str | None,
         profile: AgentProfile,
         messages: Sequence[dict[str, Any]],
-    ) -> dict[str, Any] | None:
-        """The `memory` entry a run starting with `messages` records (None: it recalls
-        nothing, having no subject or a profile that recalls nothing)."""
+    ) -> Start:
+        """How a run starting with `messages` recalls: by embeddings when its profile names an
+        embedding model (its input and at most 63 of its subject's memories still without a
+        vector for that model are embedded first), else by full text, now."""
+        wanted = profile.memory.embeddings
+        query = rules.query_of(messages)
         if subject is None or profile.memory.recall == 0:
-            return None
+            return Start()
+        if wanted is None or not query.strip():
+            return Start(record=await self.recalled(conn, tenant, subject, profile, query))
+        unembedded = await store.unembedded(
+            conn, tenant, subject, wanted.model, limit=rules.MAX_EMBED_MEMORIES
+        )
+        return Start(embed=rules.embed_args(wanted.model, query, unembedded))
+
+    async def recalled(
+        self,
+        conn: Connection,
+        tenant: str,
+        subject: str,
+        profile: AgentProfile,
+        query: str,
+        *,
+        fallback: str | None = None,
+    ) -> dict[str, Any]:
+        """The `memory` entry of a run that recalls by full text what matches `query`
+        (`fallback`: why it does so although its profile names an embedding model)."""
         found = await self._memory.recall_in(
             conn,
             tenant,
             subject,
-            rules.query_of(messages),
+            query,
             top_k=profile.memory.recall,
             token_cap=profile.memory.recall_tokens,
         )
-        return rules.recall_record(found)
+        said = rules.recall_record(found)
+        return said if fallback is None else said | {"by": "full_text", "fallback": fallback}
+
+    async def recalled_without_vectors(
+        self, conn: Connection, run: RunRow, profile: AgentProfile, why: str
+    ) -> dict[str, Any]:
+        """The `memory` entry of a run whose recall step failed: full text, saying why."""
+        assert run.subject is not None
+        said = await memory_store.user_messages(conn, run.run_id)
+        query = rules.query_of([m for m in said if isinstance(m, Mapping)])
+        return await self.recalled(conn, run.tenant, run.subject, profile, query, fallback=why)
+
+    async def recalled_by_vectors(
+        self, conn: Connection, run: RunRow, profile: AgentProfile, step: StepRow, output: Any
+    ) -> tuple[dict[str, Any], int]:
+        """The `memory` entry of a run whose recall step answered `output`, and how many
+        memories' vectors were stored: each memory's vector stored with it (unless its text
+        changed since it was sent), then the subject's memories embedded by the model ranked by
+        cosine to the input's, merged with the pinned ones under the top K and token cap."""
+        assert run.subject is not None
+        try:
+            embedded = rules.read_embedded(step.args, output)
+        except ValueError as exc:
+            said = await self.recalled_without_vectors(conn, run, profile, str(exc))
+            return said, 0
+        stored = 0
+        for memory_id, mark, vector in embedded.memories:
+            try:
+                stored += await self._memory.set_embedding(
+                    conn, memory_id, embedded.model, vector, mark=mark
+                )
+            except MemoryInputError:  # not a vector we can compare: that memory stays unranked
+                continue
+        top_k = profile.memory.recall
+        ranked = await self._memory.search_vector(
+            conn, run.tenant, run.subject, embedded.model, embedded.query, limit=top_k * 3
+        )
+        pinned = await memory_store.list_entries(
+            conn, run.tenant, run.subject, limit=self._memory.limits.per_subject, pinned=True
+        )
+        found = memory_rules.recall(
+            rules.near_enough(ranked),
+            pinned,
+            top_k=top_k,
+            token_cap=profile.memory.recall_tokens,
+        )
+        said = rules.recall_record(found) | {"by": "embeddings", "model": embedded.model}
+        return said, stored
+
+    async def put_down(
+        self, conn: Connection, step: StepRow, output: Mapping[str, Any] | Any, *, embedded: int
+    ) -> None:
+        """The recall step's output (and its receipt's copy) without the vectors: they live
+        with the memories only, so a delete leaves none behind."""
+        await store.put_output(conn, step.id, rules.embed_summary(output, embedded=embedded))
 
     async def store(
         self,

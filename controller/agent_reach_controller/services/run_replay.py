@@ -24,7 +24,7 @@ from agent_reach_controller.receipts import output_handle, render_receipt_dict
 from agent_reach_controller.replay import dry_run
 from agent_reach_controller.services.queries import read_view
 from agent_reach_controller.services.registry import ToolRegistry
-from agent_reach_controller.services.rounds import MODEL_STEP
+from agent_reach_controller.services.rounds import ROUND_STEPS
 from agent_reach_controller.services.runs import RunService
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.tools.agents import profile_of
@@ -117,7 +117,7 @@ class RunReplayer:
                 "read": None if s.receipt is None else _said(s, budget),
             }
             for s in steps
-            if s.step_id != MODEL_STEP
+            if s.step_id not in ROUND_STEPS
         ]
         replay = RoundReplay(
             round=number, task_id=task_id, request=request, reply=said, calls=calls
@@ -163,7 +163,7 @@ def _decisions(
     except PlanInvalidError as exc:
         return [f"today the whole reply is refused: {exc.problems[0].detail}"]
     assert plan is not None
-    stored = {s.step_id: s for s in steps if s.step_id != MODEL_STEP}
+    stored = {s.step_id: s for s in steps if s.step_id not in ROUND_STEPS}
     found = []
     for step in plan.steps:
         was = stored.get(step.step_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent_reach_controller.domain.records import ENDED_RUN_STATES, RunStatus
-from agent_reach_controller.services.rounds import MODEL_STEP
+from agent_reach_controller.services.rounds import ROUND_STEPS
 from agent_reach_controller.storage import run_stats as store
 from agent_reach_controller.storage.engine import Database
 from agent_reach_controller.storage.run_stats import VersionSums
@@ -89,7 +89,7 @@ class RunStatsService:
                 agent=agent,
                 ended=sorted(ENDED_RUN_STATES),
                 succeeded=RunStatus.SUCCEEDED,
-                model_step=MODEL_STEP,
+                round_steps=sorted(ROUND_STEPS),
                 version=version,
             )
         if version is not None and not sums:

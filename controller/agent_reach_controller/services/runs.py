@@ -216,20 +216,22 @@ class RunService:
                     "created_at": now,
                 }
                 await idempotency.claim_idempotency_key(tx.conn, key)
-            task_id = await self.rounds_keeper.new_round(tx, run, 1)
-            await run_store.insert_run(tx.conn, row | {"task_id": task_id})
-            await run_store.append_messages(
-                tx.conn, run_id, 1, [("user", m) for m in data.input], now=now
-            )
-            recalled = await self._memory.recalled(
+            # What the run's prompt is reminded of (data, not orders): recalled now by full
+            # text, or by its first round's recall step (embeddings) before the model's call.
+            recall = await self._memory.starting(
                 tx.conn,
                 tenant=data.tenant,
                 subject=data.subject,
                 profile=profile,
                 messages=data.input,
             )
-            if recalled is not None:  # what the run's prompt is reminded of (data, not orders)
-                entry = [(memory_rules.MEMORY_ROLE, recalled)]
+            task_id = await self.rounds_keeper.new_round(tx, run, 1, recall=recall.embed)
+            await run_store.insert_run(tx.conn, row | {"task_id": task_id})
+            await run_store.append_messages(
+                tx.conn, run_id, 1, [("user", m) for m in data.input], now=now
+            )
+            if recall.record is not None:
+                entry = [(memory_rules.MEMORY_ROLE, recall.record)]
                 await run_store.append_messages(tx.conn, run_id, 1, entry, now=now)
             await tx.audit(
                 actor=data.principal,

@@ -40,7 +40,7 @@ async def version_sums(  # noqa: PLR0913 - one query's filters, each needed
     agent: str,
     ended: Sequence[str],
     succeeded: str,
-    model_step: str,
+    round_steps: Sequence[str],
     version: str | None = None,
 ) -> list[VersionSums]:
     """Per version of `agent`, the tenant's runs in an `ended` status summed, newest version
@@ -70,7 +70,7 @@ async def version_sums(  # noqa: PLR0913 - one query's filters, each needed
         .group_by(runs.c.agent_version)
     )
     found = {r["agent_version"]: r for r in (await conn.execute(totals)).mappings()}
-    tools = await _tool_steps(conn, where, model_step)
+    tools = await _tool_steps(conn, where, round_steps)
     sums = [
         VersionSums(
             version=v,
@@ -91,9 +91,10 @@ async def version_sums(  # noqa: PLR0913 - one query's filters, each needed
 
 
 async def _tool_steps(
-    conn: AsyncConnection, where: list[sa.ColumnElement[bool]], model_step: str
+    conn: AsyncConnection, where: list[sa.ColumnElement[bool]], round_steps: Sequence[str]
 ) -> dict[str, tuple[int, int]]:
-    """Per version: the tool steps of the runs' rounds' tasks, and how many of them failed."""
+    """Per version: the tool steps of the runs' rounds' tasks (not `round_steps`: the model's
+    call, the recall), and how many of them failed."""
     query = (
         sa.select(
             runs.c.agent_version,
@@ -105,7 +106,7 @@ async def _tool_steps(
                 steps, steps.c.task_id == tasks.c.task_id
             )
         )
-        .where(*where, steps.c.step_id != model_step)
+        .where(*where, steps.c.step_id.not_in(list(round_steps)))
         .group_by(runs.c.agent_version)
     )
     rows = (await conn.execute(query)).all()
