@@ -193,19 +193,17 @@ def _etag(form: Form) -> str:
 
 
 def _changes(current: dict[str, Any], form: Form) -> dict[str, Any]:
-    """The form's fields that differ from the memory as it is. A browser sends a textarea's
-    lines with CRLF: read as LF, so an untouched text is no change."""
-    changes: dict[str, Any] = {}
-    text = form.get("text", "").replace("\r\n", "\n")
-    if text != current.get("text"):
-        changes["text"] = text
-    pinned = form.get("pinned") == "yes"
-    if pinned != current.get("pinned"):
-        changes["pinned"] = pinned
-    confidence = _number(form.get("confidence", ""))
-    if confidence != current.get("confidence"):
-        changes["confidence"] = confidence
-    return changes
+    """The form's fields that differ from the memory as it is (a field left out: unchanged).
+    A browser sends a textarea's lines with CRLF: read as LF, so an untouched text is no
+    change. A value no field takes goes as typed, for the API to refuse with its pointer."""
+    given: dict[str, Any] = {}
+    if "text" in form:
+        given["text"] = form["text"].replace("\r\n", "\n")
+    if "pinned" in form:
+        given["pinned"] = {"yes": True, "no": False}.get(form["pinned"], form["pinned"])
+    if "confidence" in form:
+        given["confidence"] = _number(form["confidence"])
+    return {name: value for name, value in given.items() if value != current.get(name)}
 
 
 def _number(value: str) -> float | str:
