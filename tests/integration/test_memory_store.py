@@ -4,6 +4,7 @@ nothing behind in the database."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -150,3 +151,15 @@ async def test_memory_has_its_own_retention_and_task_retention_keeps_it(
             ("alice", "memory.write"),
             ("retention", "memory.forget"),
         ]
+
+
+async def test_writers_racing_on_one_key_make_one_entry(database_url: str, tmp_path: Path) -> None:
+    async with components_for(database_url, write_tools(tmp_path, [])) as c:
+        texts = [f"Lives in city number {i}" for i in range(6)]
+        written = await asyncio.gather(
+            *(c.memory.put(CALLER, "u1", Entry(type="fact", key="city", text=t)) for t in texts)
+        )
+        [entry] = await c.memory.entries("acme", "u1")
+    assert sum(w.created for w in written) == 1
+    assert entry.text in texts
+    assert entry.version == len([w for w in written if w.changed])

@@ -281,7 +281,9 @@ class MemoryService:
             raise MemoryInputError(problems)
         key = await self._hmac_key(conn)
         mark = rules.mark(key, entry.type, entry.key, entry.text, entry.value)
-        found = await store.load_entry(conn, writer.tenant, subject, entry.type, entry.key)
+        found = await store.load_entry(
+            conn, writer.tenant, subject, entry.type, entry.key, lock=True
+        )
         if found is not None:
             return await self._overwrite(conn, writer, found, entry, mark, now=now)
         if await store.count(conn, writer.tenant, subject) >= self.limits.per_subject:
@@ -305,7 +307,13 @@ class MemoryService:
             "updated_at": now,
             "expires_at": entry.expires_at,
         }
-        await store.insert(conn, row)
+        if not await store.insert(conn, row):  # a concurrent writer stored it first
+            raced = await store.load_entry(
+                conn, writer.tenant, subject, entry.type, entry.key, lock=True
+            )
+            if raced is None:  # pragma: no cover - it was inserted and deleted meanwhile
+                raise MemoryConflictError(entry.key)
+            return await self._overwrite(conn, writer, raced, entry, mark, now=now)
         stored = MemoryRow.from_mapping(row | {"embedding": None, "embedding_model": None})
         await self._audit(conn, writer.actor, stored, "memory.write", now=now)
         return Written(stored, created=True)

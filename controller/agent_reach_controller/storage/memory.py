@@ -71,23 +71,19 @@ async def load(conn: AsyncConnection, tenant: str, memory_id: str) -> MemoryRow 
 
 
 async def load_entry(
-    conn: AsyncConnection, tenant: str, subject: str, type_: str, key: str
+    conn: AsyncConnection, tenant: str, subject: str, type_: str, key: str, *, lock: bool = False
 ) -> MemoryRow | None:
-    """The entry at (subject, type, key), if there is one."""
-    row = (
-        (
-            await conn.execute(
-                sa.select(memories).where(
-                    memories.c.tenant == tenant,
-                    memories.c.subject == subject,
-                    memories.c.type == type_,
-                    memories.c.key == key,
-                )
-            )
-        )
-        .mappings()
-        .first()
+    """The entry at (subject, type, key), if there is one (row-locked until the transaction
+    ends, with `lock`, on Postgres: concurrent writers of one key take turns)."""
+    query = sa.select(memories).where(
+        memories.c.tenant == tenant,
+        memories.c.subject == subject,
+        memories.c.type == type_,
+        memories.c.key == key,
     )
+    if lock:
+        query = query.with_for_update()
+    row = (await conn.execute(query)).mappings().first()
     return MemoryRow.from_mapping(row) if row is not None else None
 
 
@@ -204,8 +200,23 @@ async def stale(conn: AsyncConnection, before: datetime, *, limit: int) -> list[
 # -- writing ----------------------------------------------------------------------------------
 
 
-async def insert(conn: AsyncConnection, row: Mapping[str, Any]) -> None:
-    await conn.execute(sa.insert(memories).values(**row))
+async def insert(conn: AsyncConnection, row: Mapping[str, Any]) -> bool:
+    """Insert a new entry; False, and nothing written, when another transaction has just
+    stored one at the same (tenant, subject, type, key) (Postgres waits for it to commit)."""
+    # RETURNING, not rowcount: Postgres connections here may run pipelined, where a
+    # statement's rowcount is not known when it is read.
+    statement: Any
+    if _postgres(conn):
+        statement = (
+            pg_insert(memories)
+            .values(**row)
+            .on_conflict_do_nothing(index_elements=["tenant", "subject", "type", "key"])
+        )
+    else:
+        statement = sa.insert(memories).values(**row).prefix_with("OR IGNORE")
+    added = await conn.execute(statement.returning(memories.c.memory_id))
+    if added.first() is None:
+        return False
     if not _postgres(conn):
         await conn.execute(
             sa.text(
@@ -214,6 +225,7 @@ async def insert(conn: AsyncConnection, row: Mapping[str, Any]) -> None:
             ),
             {"id": row["memory_id"]},
         )
+    return True
 
 
 async def update(
