@@ -416,3 +416,21 @@ async def test_a_runs_page_shows_what_it_recalled_and_what_its_extraction_did(
     # Forgotten since: still listed, no longer linked.
     assert "(forgotten since)" in later.text
     assert f'#memory-{ids["channel"]}"' not in later.text
+
+
+async def test_the_subjects_are_listed_fifty_a_page(sqlite_url: str, tmp_path: Path) -> None:
+    async with console_stack(sqlite_url, tmp_path) as c, signed_in(c) as (web, _, _):
+        for n in range(51):
+            await c.memory.put(USER, f"s/{n:02} & co", Entry(type="fact", key="k", text="x"))
+        first = await web.get("/console/memory")
+        more = re.search(
+            r'<a class="button" rel="next" href="([^"]+)">More subjects</a>', first.text
+        )
+        assert more, first.text
+        second = await web.get(more.group(1).replace("&amp;", "&"))
+    listed = re.findall(r'subject\?subject=([^"]+)">([^<]*)</a>', first.text)
+    assert len(listed) == 50
+    assert listed[0] == ("s%2F00+%26+co", "s/00 &amp; co")  # the name quoted in the link
+    assert second.status_code == 200, second.text
+    assert re.findall(r'subject\?subject=[^"]+">([^<]*)</a>', second.text) == ["s/50 &amp; co"]
+    assert "More subjects" not in second.text
