@@ -110,7 +110,13 @@ def console_pages(client: httpx.Client, run_id: str) -> list[str]:
     with httpx.Client(base_url=client.base_url, timeout=30, follow_redirects=True) as web:
         signed = web.post("/console/login", data={"api_key": TEST_API_KEY, "next": "/console/runs"})
         assert signed.status_code == 200, signed.text[:500]
-        pages = [web.get(f"/console/runs/{run_id}"), web.get("/console/runs")]
+        pages = [
+            web.get(f"/console/runs/{run_id}"),
+            web.get("/console/runs"),
+            web.get("/console/memory"),
+            web.get("/console/memory/subject", params={"subject": SUBJECT}),
+            web.get("/console/memory/subject", params={"subject": SUBJECT, "q": "olive map"}),
+        ]
         for page in pages:
             assert page.status_code == 200, page.text[:500]
         return [p.text for p in pages]
