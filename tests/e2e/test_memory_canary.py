@@ -11,10 +11,7 @@ Controller and executor as separate processes on Postgres, and `reach dev` on SQ
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
-import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e.processes import TEST_API_KEY, Cluster, Proc, api, cluster
+from tests.support.dumps import database_dump
 from tests.support.models import ScriptedModels, answer, call_tools
 from tests.support.otlp import OtlpReceiver
 
@@ -164,13 +162,7 @@ def test_a_forgotten_memory_is_nowhere_in_a_cluster(postgres_url: str, tmp_path:
         sent = json.dumps([body for _, body in models.requests])
     assert CANARY in sent  # the model really was reminded of it: the search below can find it
     assert "execute_tool" in spans
-    dump = subprocess.run(
-        ["pg_dump", "--data-only", postgres_url],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
+    dump = database_dump(postgres_url)
     assert SUBJECT in dump  # the dump holds the run (its subject), not the memory's text
     check(replay, read, tmp_path, dump, spans)
     print(f"cluster: canary absent everywhere; {time.monotonic() - started:.1f}s")
@@ -191,12 +183,4 @@ def test_a_forgotten_memory_is_nowhere_in_reach_dev(tmp_path: Path) -> None:
         sent = json.dumps([body for _, body in models.requests])
     assert CANARY in sent
     assert '"level": "debug"' in dev.output()
-    check(replay, read, tmp_path, sqlite_dump(db), spans="")
-
-
-def sqlite_dump(db: Path) -> str:
-    """SQLite's own dump of every table, and the bytes of the database and its WAL."""
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        dumped = "\n".join(conn.iterdump())
-    files = sorted(db.parent.glob(db.name + "*"))
-    return dumped + "".join(p.read_bytes().decode("utf-8", errors="replace") for p in files)
+    check(replay, read, tmp_path, database_dump(f"sqlite:///{db}"), spans="")

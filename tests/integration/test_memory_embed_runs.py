@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from agent_reach_controller.domain.records import MemoryOrigin
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.memory import Entry, Writer
 from tests.integration.runs_stack import KEY_VARIABLE, profile, put_agent, run, stack, started
+from tests.support.dumps import database_dump
 from tests.support.models import (
     CHAT,
     EMBEDDINGS,
@@ -116,26 +116,6 @@ async def round_views(api: httpx.AsyncClient, done: dict[str, Any]) -> list[Any]
     return shown
 
 
-def dump(database_url: str) -> str:
-    """Every row of the database as its dump tool writes it (SQLite's file bytes too)."""
-    if database_url.startswith("sqlite"):
-        import sqlite3
-
-        path = Path(database_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            text = "\n".join(db.iterdump())
-        raw = b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
-        return text + raw.decode("utf-8", errors="replace")
-    return subprocess.run(
-        ["pg_dump", "--data-only", database_url.replace("+psycopg", "")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-
-
 def system_of(kind: str, body: dict[str, Any]) -> str:
     if kind == "anthropic":
         return str(body.get("system", ""))
@@ -165,7 +145,7 @@ async def test_a_run_recalls_the_nearest_memories_by_embeddings_and_keeps_no_vec
                 *await round_views(api, again),
                 (await api.get(f"/v1/runs/{done['run_id']}")).json(),
             ]
-            dumped = dump(database_url)
+            dumped = database_dump(database_url)
     assert done["status"] == "succeeded", done
     # One embeddings call: the input, then u1's memories without a vector that recall may
     # rank (not the pinned one, never the planted one, nobody else's), and nothing else.

@@ -7,8 +7,6 @@ as a dump sees it: pg_dump, and SQLite's own dump and file bytes (with secure_de
 from __future__ import annotations
 
 import json
-import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,30 +15,12 @@ import sqlalchemy as sa
 from agent_reach_controller.services.memory import Entry, Writer
 from agent_reach_controller.storage.schema import audit_log
 from tests.integration.runs_stack import profile, put_agent, run, stack
+from tests.support.dumps import database_dump
 from tests.support.models import ScriptedModels, answer, call_tools
 
 pytestmark = pytest.mark.asyncio
 
 CANARY = "canary-5e0b the user keeps a spare key under the blue flowerpot"
-
-
-def _dump(database_url: str) -> str:
-    """Every row of the database as its own dump tool writes it."""
-    if database_url.startswith("sqlite"):
-        path = Path(database_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            text = "\n".join(db.iterdump())
-        raw = b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
-        return text + raw.decode("utf-8", errors="replace")
-    dumped = subprocess.run(
-        ["pg_dump", "--data-only", database_url.replace("+psycopg", "")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return dumped.stdout
 
 
 async def test_a_forgotten_memory_leaves_no_copy_in_its_subjects_runs(
@@ -58,7 +38,7 @@ async def test_a_forgotten_memory_leaves_no_copy_in_its_subjects_runs(
             )
             mine = await run(api, {"agent": "helper", "input": "Remember it.", "subject": "u1"})
             assert CANARY in json.dumps(mine)  # the copies exist before the delete
-            assert CANARY in _dump(database_url)
+            assert CANARY in database_dump(database_url)
 
             await c.memory.forget("default", "alice", written.entry.memory_id)
 
@@ -83,7 +63,7 @@ async def test_a_forgotten_memory_leaves_no_copy_in_its_subjects_runs(
                         )
                     )
                 ).scalar_one()
-            dump = _dump(database_url)
+            dump = database_dump(database_url)
     assert after["answer"] == "Noted: [forgotten]."
     assert CANARY not in json.dumps(shown)
     assert "[forgotten]" in json.dumps(shown[1])  # the tool call's arguments and receipt
