@@ -22,8 +22,9 @@ from agent_reach_controller.api.auth import Caller, require
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant, Rfc3339
 from agent_reach_controller.api.tasks import Deps
-from agent_reach_controller.decide.memory import MAX_KEY, MAX_SUBJECT, MAX_TEXT, TYPES, Problem
+from agent_reach_controller.decide.memory import MAX_KEY, MAX_TEXT, TYPES, Problem
 from agent_reach_controller.domain.records import MemoryOrigin, MemoryRow
+from agent_reach_controller.domain.subjects import MAX_SUBJECT
 from agent_reach_controller.identity.policy import Action
 from agent_reach_controller.services.memory import (
     Entry,

@@ -28,10 +28,8 @@ RESERVED_TYPES = frozenset({"profile"})
 MAX_KEY = 128
 MAX_TEXT = 1000
 MAX_VALUE_CHARS = 4096
-MAX_SUBJECT = 256
 FORGOTTEN = "[forgotten]"
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-_SUBJECT = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +38,6 @@ class Problem:
 
     pointer: str
     detail: str
-
-
-def subject_problem(subject: Any) -> str | None:
-    if not isinstance(subject, str) or not _SUBJECT.match(subject) or subject != subject.strip():
-        return (
-            f"a subject is 1-{MAX_SUBJECT} characters without control characters or "
-            "surrounding spaces"
-        )
-    return None
 
 
 def entry_problems(

@@ -103,6 +103,7 @@ class TaskRow:
     webhook_url: str | None = None  # where the task's end is announced
     environment: Environment = DEFAULT_ENVIRONMENT  # where it runs (NULL in older rows: dev)
     run_id: str | None = None  # the agent run this task is a round of
+    subject: str | None = None  # the end user it acts for, named by its caller (memory's tools)
 
     @classmethod
     def from_mapping(cls, row: Mapping[Any, Any]) -> TaskRow:

@@ -4,8 +4,8 @@ recalled into a run's prompt, and deleted for real.
 The rules are pure (decide/memory.py); the SQL is storage/memory.py. Every write and delete is
 audited in the same transaction, with HMACs in place of the subject and the text: the audit log
 cannot be cleaned afterwards, so it never holds what a delete must remove. A delete also scrubs
-the copies a subject's runs made of the text (the conversation, the steps and events of its
-rounds, the answer), replacing them with "[forgotten]".
+the copies a subject's runs and tasks made of the text (the conversation, the steps and events
+of its rounds and of its callers' own tasks, the answer), replacing them with "[forgotten]".
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agent_reach_controller import audit
 from agent_reach_controller.decide import memory as rules
 from agent_reach_controller.decide.memory import FORGOTTEN, Problem, Recalled
 from agent_reach_controller.domain.records import MemoryOrigin, MemoryRow
+from agent_reach_controller.domain.subjects import subject_problem
 from agent_reach_controller.storage import memory as store
 from agent_reach_controller.storage.engine import Connection, Database
 
@@ -274,7 +275,7 @@ class MemoryService:
             value=entry.value,
             by_model=writer.by_model,
         )
-        subject_wrong = rules.subject_problem(subject)
+        subject_wrong = subject_problem(subject)
         if subject_wrong is not None:
             problems.insert(0, Problem("/subject", subject_wrong))
         if problems:
@@ -441,12 +442,17 @@ class MemoryService:
         *,
         now: datetime,
     ) -> None:
-        """Replace the texts of `gone` wherever this subject's runs copied them."""
+        """Replace the texts of `gone` wherever this subject's runs and tasks copied them."""
         needles = _needles(gone)
         if not needles:
             return
         run_ids = await store.subject_runs(conn, tenant, subject)
-        task_ids = await store.run_tasks(conn, run_ids)
+        # The subject's own tasks, and its runs' rounds (those stored before rounds carried
+        # their run's subject too).
+        task_ids = sorted(
+            set(await store.run_tasks(conn, run_ids))
+            | set(await store.subject_tasks(conn, tenant, subject))
+        )
         for table, key, columns in await store.copies(conn, run_ids, task_ids):
             changed = {}
             for name, value in columns.items():

@@ -328,6 +328,14 @@ async def run_tasks(conn: AsyncConnection, run_ids: Sequence[str]) -> list[str]:
     return [r[0] for r in found.all()]
 
 
+async def subject_tasks(conn: AsyncConnection, tenant: str, subject: str) -> list[str]:
+    """The tasks that act for a subject: callers' own, and runs' rounds (by a partial index)."""
+    found = await conn.execute(
+        sa.select(tasks.c.task_id).where(tasks.c.tenant == tenant, tasks.c.subject == subject)
+    )
+    return [r[0] for r in found.all()]
+
+
 # (table, key columns, text columns): where a run's or a task's copies of a text can be.
 _RUN_COPIES = ((runs, ("run_id",), ("answer", "error", "context")),)
 _MESSAGE_COPIES = ((run_messages, ("run_id", "seq"), ("message",)),)

@@ -125,6 +125,9 @@ tasks = sa.Table(
     sa.Column("environment", sa.String(16)),
     # The agent run this task is a round of (0027); NULL for a caller's own task.
     sa.Column("run_id", sa.String(36)),
+    # The end user it acts for, named by its caller (0030): a plain task's `subject`, a run's
+    # rounds the run's. Memory's tools act for it; NULL: none, and they refuse.
+    sa.Column("subject", sa.String(256)),
     sa.Index("ix_tasks_status_created_at", "status", "created_at"),
     sa.Index("ix_tasks_tenant_task_id", "tenant", "task_id"),
     # The task list's filters, each a keyset walk newest first (0026).
@@ -143,6 +146,14 @@ tasks = sa.Table(
         "run_id",
         postgresql_where=sa.text("run_id IS NOT NULL"),
         sqlite_where=sa.text("run_id IS NOT NULL"),
+    ),
+    # A subject's tasks, which a memory delete scrubs (0030): only the tasks that have one.
+    sa.Index(
+        "ix_tasks_tenant_subject",
+        "tenant",
+        "subject",
+        postgresql_where=sa.text("subject IS NOT NULL"),
+        sqlite_where=sa.text("subject IS NOT NULL"),
     ),
     # The deadline sweep's index: only unfinished tasks that have a deadline.
     sa.Index(

@@ -26,7 +26,7 @@ from agent_reach_controller.api.console.query import (
 from agent_reach_controller.api.console.render import SignedIn, Visit
 from agent_reach_controller.api.console.v1 import Answer, segment
 from agent_reach_controller.api.memory import MAX_QUERY
-from agent_reach_controller.decide.memory import MAX_SUBJECT
+from agent_reach_controller.domain.subjects import MAX_SUBJECT
 from agent_reach_controller.identity.policy import Action
 
 router = APIRouter(prefix="/console", include_in_schema=False)
