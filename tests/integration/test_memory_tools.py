@@ -267,7 +267,7 @@ async def test_a_model_forgets_and_the_runs_replay_still_works(
     assert len(models.requests) == 5
 
 
-async def test_an_executor_never_receives_a_memory_step_and_a_plan_may_not_call_one(
+async def test_an_executor_never_receives_a_memory_step_nor_a_plan_without_a_subject_one(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     save = {"type": "fact", "key": "city", "text": "Lives in Oslo"}
@@ -295,7 +295,7 @@ async def test_an_executor_never_receives_a_memory_step_and_a_plan_may_not_call_
     assert refused.status_code == 422, refused.text
     [problem] = refused.json()["errors"]
     assert (problem["pointer"], problem["code"]) == ("/steps/0/tool", "forbidden")
-    assert "only a run's model calls it" in problem["detail"]
+    assert "this task names none: give `subject`" in problem["detail"]
     assert seeded["connector"] == "memory"
     assert models.count() == 2
 

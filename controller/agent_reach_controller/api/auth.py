@@ -14,10 +14,11 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyCookie, APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from agent_reach_controller.identity import keys
-from agent_reach_controller.identity.policy import Action, Principal
+from agent_reach_controller.identity.policy import Action, Principal, memory_action
 from agent_reach_controller.identity.service import BOOTSTRAP_KEY_ID
 from agent_reach_controller.identity.sign_ins import COOKIE, CSRF_HEADER, SignIn, csrf_matches
 from agent_reach_controller.runtime import Components
+from agent_reach_controller.tools.catalog import ToolSpec
 
 BOOTSTRAP = Principal(name="bootstrap", tenant="default", roles=("admin",), key_id=BOOTSTRAP_KEY_ID)
 
@@ -122,6 +123,24 @@ def require(components: Components, who: Principal, action: Action, tool: str = 
     """ForbiddenError unless `who` may take `action` on `tool`."""
     if not components.policy.allows(who.roles, action, tool):
         raise ForbiddenError(who, action, None if tool == "*" else tool)
+
+
+def lacking(components: Components, who: Principal, tool: ToolSpec) -> Action | None:
+    """The right `who` lacks to have a step of `tool` run (None: it has them): `submit` on the
+    tool, and for memory's tools the memory right of what they do (`memory_action`)."""
+    if not components.policy.allows(who.roles, Action.SUBMIT, tool.name):
+        return Action.SUBMIT
+    memory = memory_action(tool)
+    if memory is not None and not components.policy.allows(who.roles, memory):
+        return memory
+    return None
+
+
+def require_call(components: Components, who: Principal, tool: ToolSpec) -> None:
+    """ForbiddenError, naming the action and the tool, unless `who` may have `tool` run."""
+    missing = lacking(components, who, tool)
+    if missing is not None:
+        raise ForbiddenError(who, missing, tool.name)
 
 
 def require_admin(components: Components, who: Principal) -> None:

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_reach_controller.api.auth import Caller, ForbiddenError, require
+from agent_reach_controller.api.auth import Caller, ForbiddenError, lacking, require
 from agent_reach_controller.api.events import HEARTBEAT, EventStream, TooManyStreamsError
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_responses
 from agent_reach_controller.api.schemas import Instant
@@ -244,23 +244,13 @@ def _recalled(messages: list[RunMessage] | None) -> list[RecalledOut] | None:
     return None if found is None else [RecalledOut.model_validate(r) for r in found]
 
 
-# What a run's memory tools do to its subject's memory: its caller must be allowed that too.
-_MEMORY_ACTIONS = {
-    "memory.save": Action.MEMORY_WRITE,
-    "memory.search": Action.MEMORY_READ,
-    "memory.list": Action.MEMORY_READ,
-    "memory.forget": Action.MEMORY_FORGET,
-}
-
-
 def _allowed(deps: Components, who: Principal, tool: str) -> Action | None:
-    """The action the caller lacks to let a run's model call `tool` (None: it has them)."""
-    if not deps.policy.allows(who.roles, Action.SUBMIT, tool):
-        return Action.SUBMIT
-    memory = _MEMORY_ACTIONS.get(tool)
-    if memory is not None and not deps.policy.allows(who.roles, memory):
-        return memory
-    return None
+    """The action the caller lacks to let a run's model call `tool` (None: it has them): what
+    a memory tool does to the subject's memory, its caller must be allowed too."""
+    spec = deps.catalog.get(tool)
+    if spec is None:  # not in the catalogue: only `submit` can be asked of it
+        return None if deps.policy.allows(who.roles, Action.SUBMIT, tool) else Action.SUBMIT
+    return lacking(deps, who, spec)
 
 
 def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]:
@@ -268,9 +258,9 @@ def _tools(deps: Components, who: Principal, profile: AgentProfile) -> list[str]
     for memory's tools, may read, write or forget memory)."""
     named = [p for p in profile.tools if not any(c in p for c in "*?[")]
     for name in named:
-        lacking = _allowed(deps, who, name)
-        if lacking is not None:
-            raise ForbiddenError(who, lacking, name)
+        missing = _allowed(deps, who, name)
+        if missing is not None:
+            raise ForbiddenError(who, missing, name)
     return sorted(
         spec.name
         for spec in deps.catalog.values()

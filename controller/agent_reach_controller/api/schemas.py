@@ -166,6 +166,11 @@ class TaskOut(BaseModel):
     goal: str | None
     source: str = Field(description="The dialect it was submitted in")
     run_id: str | None = Field(None, description="The agent run this task is a round of")
+    subject: str | None = Field(
+        None,
+        description="The end user it acts for, as its caller named it (a run's rounds: the "
+        "run's); memory's tools act for it",
+    )
     environment: Environment = Field(
         "dev",
         description="Where it runs, fixed at submit (the tenant's in the policy, else the "

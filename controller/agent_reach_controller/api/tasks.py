@@ -19,7 +19,7 @@ from agent_reach import telemetry
 from agent_reach.ids import new_task_id, new_trace_id, parse_traceparent
 from agent_reach.states import TERMINAL_TASK_STATES
 from agent_reach_controller.api import events, openapi, schemas
-from agent_reach_controller.api.auth import Caller, require
+from agent_reach_controller.api.auth import Caller, lacking, require, require_call
 from agent_reach_controller.api.problems import V1_PROBLEMS, problem_response, problem_responses
 from agent_reach_controller.api.views import Approvers, task_out, turn_replies
 from agent_reach_controller.domain.records import StepRow
@@ -79,7 +79,8 @@ async def _validate(
     """
 
     def permits(tool: str) -> bool:
-        return deps.policy.allows(who.roles, Action.SUBMIT, tool)
+        spec = deps.catalog.get(tool)
+        return spec is not None and lacking(deps, who, spec) is None
 
     def parse() -> Plan:
         return parse_plan(
@@ -106,8 +107,8 @@ async def _validate(
         if deps.registry.revision != revision:
             revision = deps.registry.revision
             plan = parse()
-    for tool in sorted({s.tool for s in plan.steps}):
-        require(deps, who, Action.SUBMIT, tool)
+    for tool, version in sorted({(s.tool, s.tool_version) for s in plan.steps}):
+        require_call(deps, who, deps.registry.get(tool, version))
     if plan.webhook_url is not None:
         _check_webhook(deps, plan.webhook_url)
     return plan, revision

@@ -53,6 +53,7 @@ def task_out(view: TaskView, *, budget: int, approvers: Approvers | None = None)
         goal=task.goal,
         source=task.source,
         run_id=task.run_id,
+        subject=task.subject,
         environment=task.environment,
         created_at=task.created_at,
         updated_at=task.updated_at,

@@ -41,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_reach_controller.decide.caps import TenantCaps
 from agent_reach_controller.settings import Environment
-from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds
+from agent_reach_controller.tools.catalog import MAX_UNITS, EffectClass, Seconds, ToolSpec
+from agent_reach_controller.tools.memory import FORGET, LIST, SEARCH, is_memory_tool
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,6 +60,24 @@ class Action(StrEnum):
     MEMORY_READ = "memory_read"
     MEMORY_WRITE = "memory_write"
     MEMORY_FORGET = "memory_forget"
+
+
+# What a step of one of memory's tools does to its subject's memory, as a right (by its
+# `config.op`); an op memory does not know does nothing but fail, and is asked no more than a save.
+_MEMORY_RIGHTS = {
+    SEARCH: Action.MEMORY_READ,
+    LIST: Action.MEMORY_READ,
+    FORGET: Action.MEMORY_FORGET,
+}
+
+
+def memory_action(tool: ToolSpec) -> Action | None:
+    """The memory right a step of `tool` needs of whoever has it run (a caller's task, or a run
+    the caller started): read for search and list, write for save, forget for forget; None for
+    a tool that is not memory's."""
+    if not is_memory_tool(tool):
+        return None
+    return _MEMORY_RIGHTS.get(str(tool.config.get("op")), Action.MEMORY_WRITE)
 
 
 class Grant(BaseModel):

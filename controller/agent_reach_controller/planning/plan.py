@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from pydantic import ValidationError
 
 from agent_reach.errors import ErrorCode
+from agent_reach_controller.domain.subjects import subject_problem
 from agent_reach_controller.planning import (
     effects,
     fanout,
@@ -137,6 +138,8 @@ class Plan:
     max_attempts: int | None = None
     # The most units of each class of side effects the task may use (see planning/effects.py).
     caps: dict[str, float] | None = None
+    # The end user the task acts for (its caller's `subject`; a run's rounds: the run's).
+    subject: str | None = None
 
 
 def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
@@ -154,7 +157,7 @@ def _check_ids(drafts: list[StepDraft], out: ProblemCollector) -> None:
 
 
 def _check_tool(
-    draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector, *, outside_run: bool
+    draft: StepDraft, catalog: ToolCatalog, out: ProblemCollector, *, no_memory: bool
 ) -> ToolSpec | None:
     name = catalog.resolve_openai_name(draft.tool)
     spec = catalog.get(name) if name is not None else None
@@ -168,14 +171,33 @@ def _check_tool(
         detail = f"{spec.name!r} is an agent's model: it is called by runs (POST /v1/runs) only"
         out.add(draft.pointers["tool"], P.UNKNOWN_TOOL, detail)
         return None
-    if outside_run and is_memory_tool(spec):
+    if no_memory and is_memory_tool(spec):
         detail = (
-            f"{spec.name!r} remembers for an agent run's subject: only a run's model calls it "
-            "(POST /v1/runs with a subject); callers use /v1/memory"
+            f"{spec.name!r} remembers for the task's subject, and this task names none: give "
+            "`subject` (the end user it acts for), or use /v1/memory"
         )
         out.add(draft.pointers["tool"], P.FORBIDDEN, detail)
         return None
     return spec
+
+
+def _check_subject(subject: str | None, how: _Reading, out: ProblemCollector) -> bool:
+    """A subject is named by a task's caller: never in a trigger's template (its events come
+    from outside, and what a plan's own arguments say is remembered as its caller's words), nor
+    by a run's model (its run's caller named the run's). Returns whether memory's tools are
+    refused: in a caller's plan that names no subject."""
+    if subject is None:
+        return how.outside_run
+    if how.template:
+        detail = "a trigger's template names no subject: its events are not its caller's words"
+        out.add("/subject", P.RESERVED, detail)
+    elif not how.outside_run:
+        out.add("/subject", P.FORBIDDEN, "a model never names a subject: its run's caller does")
+    else:
+        wrong = subject_problem(subject)
+        if wrong is not None:
+            out.add("/subject", P.INVALID_TYPE, wrong)
+    return False
 
 
 def _check_references(
@@ -361,7 +383,7 @@ class _Reading:
     template: bool = False
     environment: str = "dev"  # where the task will run (planning/sandbox.py)
     grounds: Mapping[str, Any] | None = None  # what grounded arguments may come from
-    outside_run: bool = False  # a caller's plan, not a run's model: no memory tools
+    outside_run: bool = False  # a caller's plan, not a run's model: memory tools need a subject
 
 
 def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
@@ -383,8 +405,9 @@ def parse_plan(  # noqa: PLR0913 - how to read the body, all by keyword
     call: it is in `Plan.refused`, to be stored as a failed step, and so is a call to a tool
     `permits` does not allow, or one `environment` refuses (planning/sandbox.py). Grounded
     arguments must appear in `grounds` (an agent run's input and what its model has read) when
-    given, else in the body's context. `outside_run`: a caller's own plan, which may not call
-    the memory tools (they act for a run's subject).
+    given, else in the body's context. `outside_run`: a caller's own plan, which may call the
+    memory tools only when it names a `subject` (they act for it); a model's (not
+    `outside_run`) may not name one.
     """
     how = _Reading(
         limits=limits,
@@ -415,6 +438,7 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
     drafts, options = turn.drafts, turn.options
     timezone = _timezone(getattr(options, "timezone", None), out)
     _check_goal(turn.goal, limits, out)
+    no_memory = _check_subject(options.subject, how, out)
     context = _check_context(options.context, limits, out)
     _check_ids(drafts, out)
     if template:
@@ -430,7 +454,7 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
     for draft in drafts:
         sink = ProblemCollector(limits.max_problems) if per_call else out
         sink.extend(draft.problems)
-        spec = _check_tool(draft, catalog, sink, outside_run=how.outside_run)
+        spec = _check_tool(draft, catalog, sink, no_memory=no_memory)
         _check_args(draft, spec, ids=ids, limits=limits, out=sink, template=template)
         _check_when(draft, ids, limits, sink)
         if spec is not None and spec.grounded and draft.args is not None:
@@ -440,8 +464,9 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
         if per_call and spec is not None and permits is not None and not permits(spec.name):
             detail = f"you may not call tool {spec.name!r}"
             sink.add(draft.pointers["tool"], P.FORBIDDEN, detail)
-        where = draft.pointers["tool"]
-        sink.extend(sandbox.problems(spec, catalog, how.environment, pointer=where))
+        sink.extend(
+            sandbox.problems(spec, catalog, how.environment, pointer=draft.pointers["tool"])
+        )
         retry, timeouts = _step_retry(draft, spec, sink), _step_timeouts(draft, sink)
         when = _step_schedule(draft, timezone, sink)
         checked.append(_Checked(draft, spec, retry, timeouts, sink.items if per_call else [], when))
@@ -480,6 +505,7 @@ def _parse(body: Any, catalog: ToolCatalog, how: _Reading) -> Plan:
         max_attempts=options.budget.max_attempts if options.budget else None,
         caps=caps,
         webhook_url=options.webhook.url if options.webhook else None,
+        subject=options.subject,
     )
 
 

@@ -293,7 +293,13 @@ def _task_row(data: SubmitInput, *, task_id: str, trace_id: str, now: datetime) 
         "max_attempts": data.plan.max_attempts,
         "caps": data.plan.caps,
         "environment": data.environment,
-    } | ({"run_id": data.run_id} if data.run_id is not None else {})
+    } | _unless_none(run_id=data.run_id, subject=data.plan.subject)
+
+
+def _unless_none(**values: Any) -> dict[str, Any]:
+    """Columns most tasks leave NULL, set only when given: a submit's INSERT keeps the columns
+    (and the prepared statement) it had before they existed."""
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def refusals(

@@ -2,23 +2,31 @@
 `.list` and `.forget` (tools/memory.py), each in the transaction that made it ready.
 
 The unit of work leases such a step to the controller and asks `MemoryTools.run` what it came
-to; the step then succeeds or fails with a receipt the model reads, like any tool's. A step acts
-for its run's subject (set by the run's caller) in its run's tenant: there is no subject
-argument, so a model cannot name another. Outside a run, or in a run without a subject, the call
-fails and says why. What a model writes is checked by memory's rules (services/memory.py): no
-reserved type, no secret, within the quota, never over an entry a caller wrote; and its origin
-is `receipt` once the run has read a tool's output that the entry repeats (never injected as an
-instruction, and shown as untrusted by search and list).
+to; the step then succeeds or fails with a receipt, like any tool's. A step acts for its task's
+subject in its task's tenant: a caller names the subject of its own task (POST /v1/tasks) or of
+its run (POST /v1/runs, whose rounds carry it). There is no subject argument, so a model cannot
+name another; a task without a subject fails the call and says why. What is written is checked
+by memory's rules (services/memory.py): no secret, within the quota, and from a model no
+reserved type and never over an entry a caller wrote.
+
+Who wrote an entry decides its origin. In a run, memory's rule (`decide/memory.origin_of`): what
+its user said, or a tool's output it had read. In a caller's own plan, the plan's literal
+arguments are the caller's words (origin `user`, as POST /v1/memory); an argument that names
+another step's output is that step's (`receipt`); and a model's turn a caller submitted is a
+model's, whose reading nobody here saw (`receipt`: never injected as an instruction, shown
+untrusted, confirmed by a person if it should be trusted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent_reach.errors import ErrorCode
-from agent_reach_controller.domain.records import MemoryOrigin, MemoryRow, RunRow
+from agent_reach_controller.domain.records import MemoryOrigin, MemoryRow
+from agent_reach_controller.planning.dialects.plan import PlanDialect
+from agent_reach_controller.planning.references import find_references
 from agent_reach_controller.services.memory import (
     Entry,
     MemoryConflictError,
@@ -30,7 +38,6 @@ from agent_reach_controller.services.memory import (
 )
 from agent_reach_controller.services.unit_of_work import InternalCall, InternalOutcome
 from agent_reach_controller.storage import memory as memory_store
-from agent_reach_controller.storage import runs as run_store
 from agent_reach_controller.storage import steps as step_store
 from agent_reach_controller.storage.engine import Connection
 from agent_reach_controller.tools.memory import (
@@ -60,6 +67,18 @@ class CallError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Acting:
+    """For whom a step acts (its task's tenant and subject), and as whom."""
+
+    tenant: str
+    subject: str
+    actor: str  # the writer the entry and the audit log name: "run:<id>", or the task's caller
+    run_id: str | None  # the run the task is a round of
+    callers: bool  # a caller's own plan, not a model's turn: its literal arguments are its words
+    source: dict[str, Any]  # where a saved entry came from: {run?, task, step}
+
+
 class MemoryTools:
     """Runs the steps of the `memory` connector (the unit of work's `InternalSteps`)."""
 
@@ -70,49 +89,30 @@ class MemoryTools:
 
     async def run(self, conn: Connection, call: InternalCall) -> InternalOutcome:
         try:
-            run = await self._run_of(conn, call)
-            output = await self._do(conn, call, run)
+            output = await self._do(conn, call, _acting(call))
         except CallError as exc:
             error = {"code": exc.code.value, "message": exc.message, "retryable": False}
             return InternalOutcome(error=error)
         return InternalOutcome(output=output)
 
-    async def _run_of(self, conn: Connection, call: InternalCall) -> RunRow:
-        """The run the step's task is a round of, which must act for a subject."""
-        run_id = call.task.run_id
-        run = await run_store.load_run(conn, run_id) if run_id is not None else None
-        if run is None:
-            raise CallError(
-                ErrorCode.FORBIDDEN,
-                f"{call.tool.name} runs only in an agent run (POST /v1/runs), for its subject",
-            )
-        if run.subject is None:
-            raise CallError(
-                ErrorCode.FORBIDDEN,
-                f"{call.tool.name} needs a subject: this run's caller named no subject, so "
-                "nothing is remembered for it",
-            )
-        return run
-
-    async def _do(self, conn: Connection, call: InternalCall, run: RunRow) -> Any:
+    async def _do(self, conn: Connection, call: InternalCall, acting: _Acting) -> Any:
         args = call.step.resolved_args if call.step.resolved_args is not None else call.step.args
         op = call.tool.config.get("op")
         if op == SAVE:
-            return await self._save(conn, call, run, args)
+            return await self._save(conn, call, acting, args)
         if op == SEARCH:
-            return await self._search(conn, run, args)
+            return await self._search(conn, acting, args)
         if op == LIST:
-            return await self._list(conn, run, args)
+            return await self._list(conn, acting, args)
         if op == FORGET:
-            return await self._forget(conn, call, run, args)
+            return await self._forget(conn, call, acting, args)
         raise CallError(
             ErrorCode.CONNECTOR_ERROR, f"{call.tool.name}: config.op {op!r} is not a memory op"
         )
 
     async def _save(
-        self, conn: Connection, call: InternalCall, run: RunRow, args: Mapping[str, Any]
+        self, conn: Connection, call: InternalCall, acting: _Acting, args: Mapping[str, Any]
     ) -> dict[str, Any]:
-        assert run.subject is not None
         entry = Entry(
             type=args.get("type", ""),  # checked by memory's rules: a bad one is refused there
             key=args.get("key", ""),
@@ -121,15 +121,12 @@ class MemoryTools:
         )
         origin = MemoryOrigin.MODEL  # what is not text is refused below, whatever its origin
         if isinstance(entry.text, str):
-            origin = (await self._provenance(conn, call, run)).origin(entry)
+            origin = await self._origin(conn, call, acting, entry)
         writer = Writer(
-            tenant=run.tenant,
-            actor=f"run:{run.run_id}",
-            origin=origin,
-            source={"run": run.run_id, "task": call.task.task_id, "step": call.step.step_id},
+            tenant=acting.tenant, actor=acting.actor, origin=origin, source=acting.source
         )
         try:
-            written = await self._memory.write_in(conn, writer, run.subject, entry, now=call.now)
+            written = await self._memory.write_in(conn, writer, acting.subject, entry, now=call.now)
         except MemoryInputError as exc:
             raise CallError(ErrorCode.INVALID_ARGUMENTS, f"not saved: {exc}") from None
         except MemoryQuotaError as exc:
@@ -146,52 +143,90 @@ class MemoryTools:
             "origin": written.entry.origin.value,
         }
 
-    async def _provenance(self, conn: Connection, call: InternalCall, run: RunRow) -> Provenance:
+    async def _origin(
+        self, conn: Connection, call: InternalCall, acting: _Acting, entry: Entry
+    ) -> MemoryOrigin:
+        """Whose words the entry is (see the module's docstring)."""
+        if acting.run_id is not None:
+            return (await self._provenance(conn, call, acting.run_id)).origin(entry)
+        if acting.callers and not find_references(call.step.args):
+            return MemoryOrigin.USER
+        return MemoryOrigin.RECEIPT
+
+    async def _provenance(self, conn: Connection, call: InternalCall, run_id: str) -> Provenance:
         """What the run had seen: memory's rule (its user's words, a tool's output read in an
         earlier round), and two ways in that rule does not see. A plan's step whose arguments
         come from other steps (`depends_on`) carries their outputs without the model reading
         them; and an entry a search or list showed untrusted is a tool's output still, read
         again. Either counts as a tool's output read, so nothing is laundered into trust."""
-        seen = await self._memory.provenance(conn, run.run_id, current_task=call.task.task_id)
+        seen = await self._memory.provenance(conn, run_id, current_task=call.task.task_id)
         if seen.read_receipts:
             return seen
-        if call.step.depends_on or await _read_untrusted(conn, run.run_id, call.task.task_id):
+        if call.step.depends_on or await _read_untrusted(conn, run_id, call.task.task_id):
             return replace(seen, read_receipts=True)
         return seen
 
     async def _search(
-        self, conn: Connection, run: RunRow, args: Mapping[str, Any]
+        self, conn: Connection, acting: _Acting, args: Mapping[str, Any]
     ) -> dict[str, Any]:
-        assert run.subject is not None
         limit = _limit(args.get("limit"), DEFAULT_SEARCH, MAX_SEARCH)
         found = await self._memory.search_in(
-            conn, run.tenant, run.subject, str(args.get("query", "")), limit=limit
+            conn, acting.tenant, acting.subject, str(args.get("query", "")), limit=limit
         )
         return _listed([(e, score) for e, score in found])
 
-    async def _list(self, conn: Connection, run: RunRow, args: Mapping[str, Any]) -> dict[str, Any]:
-        assert run.subject is not None
+    async def _list(
+        self, conn: Connection, acting: _Acting, args: Mapping[str, Any]
+    ) -> dict[str, Any]:
         limit = _limit(args.get("limit"), DEFAULT_LIST, MAX_LIST)
         kind = args.get("type")
         types = [kind] if isinstance(kind, str) else []
         found = await memory_store.list_entries(
-            conn, run.tenant, run.subject, types=types, limit=limit
+            conn, acting.tenant, acting.subject, types=types, limit=limit
         )
         return _listed([(e, None) for e in found])
 
     async def _forget(
-        self, conn: Connection, call: InternalCall, run: RunRow, args: Mapping[str, Any]
+        self, conn: Connection, call: InternalCall, acting: _Acting, args: Mapping[str, Any]
     ) -> dict[str, Any]:
-        assert run.subject is not None
-        entry = await _named_entry(conn, run, args)
-        if entry.origin is MemoryOrigin.USER:
+        entry = await _named_entry(conn, acting, args)
+        if entry.origin is MemoryOrigin.USER and not acting.callers:
             raise CallError(
                 ErrorCode.FORBIDDEN,
                 f"not forgotten: the user's side wrote memory {entry.memory_id}; only it may "
                 "forget it",
             )
-        await self._memory.forget_in(conn, f"run:{run.run_id}", [entry], now=call.now)
+        await self._memory.forget_in(conn, acting.actor, [entry], now=call.now)
         return {"forgotten": entry.memory_id, "type": entry.type, "key": entry.key}
+
+
+def _acting(call: InternalCall) -> _Acting:
+    """For whom the step acts: its task's subject, which the task's caller (or its run's) named."""
+    task = call.task
+    if task.subject is None:
+        raise CallError(
+            ErrorCode.FORBIDDEN,
+            f"{call.tool.name} needs a subject: this task's caller named none (`subject` on "
+            "POST /v1/tasks or /v1/runs), so nothing is remembered for it",
+        )
+    source = {"task": task.task_id, "step": call.step.step_id}
+    if task.run_id is not None:
+        return _Acting(
+            tenant=task.tenant,
+            subject=task.subject,
+            actor=f"run:{task.run_id}",
+            run_id=task.run_id,
+            callers=False,
+            source={"run": task.run_id} | source,
+        )
+    return _Acting(
+        tenant=task.tenant,
+        subject=task.subject,
+        actor=task.principal,
+        run_id=None,
+        callers=task.source == PlanDialect.name,
+        source=source,
+    )
 
 
 async def _read_untrusted(conn: Connection, run_id: str, current_task: str) -> bool:
@@ -206,17 +241,16 @@ async def _read_untrusted(conn: Connection, run_id: str, current_task: str) -> b
     )
 
 
-async def _named_entry(conn: Connection, run: RunRow, args: Mapping[str, Any]) -> MemoryRow:
-    """The entry a forget names, by id or by type and key, among the run's subject's."""
-    assert run.subject is not None
+async def _named_entry(conn: Connection, acting: _Acting, args: Mapping[str, Any]) -> MemoryRow:
+    """The entry a forget names, by id or by type and key, among the subject's."""
     memory_id, kind, key = args.get("memory_id"), args.get("type"), args.get("key")
     if isinstance(memory_id, str):
-        found = await memory_store.load(conn, run.tenant, memory_id)
-        if found is not None and found.subject != run.subject:
+        found = await memory_store.load(conn, acting.tenant, memory_id)
+        if found is not None and found.subject != acting.subject:
             found = None  # another subject's: as unknown as one that does not exist
         named = f"memory {memory_id}"
     elif isinstance(kind, str) and isinstance(key, str):
-        found = await memory_store.load_entry(conn, run.tenant, run.subject, kind, key)
+        found = await memory_store.load_entry(conn, acting.tenant, acting.subject, kind, key)
         named = f"no memory of type {kind!r} and key {key!r}"
     else:
         raise CallError(

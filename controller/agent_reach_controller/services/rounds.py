@@ -647,6 +647,7 @@ class Rounds:
             context=run.context,
             source=endpoint_of(spec).dialect,
             deadline_s=max(left, 1.0) if left is not None else None,
+            subject=run.subject,  # memory's tools in the round act for it
         )
         data = SubmitInput(
             plan=plan,

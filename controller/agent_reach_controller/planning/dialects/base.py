@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, ValidationError
 
+from agent_reach_controller.domain.subjects import MAX_SUBJECT
 from agent_reach_controller.planning.problems import (
     Problem,
     ProblemCode,
@@ -118,6 +119,14 @@ class Options(BaseModel):
     caps: Caps | None = None
     webhook: Webhook | None = Field(
         None, description="Announce the task's end here, so nobody need hold a stream open"
+    )
+    subject: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SUBJECT,
+        description="The end user the task acts for (1-256 characters, no control characters "
+        "or surrounding spaces): memory's tools (`memory.save`, `.search`, `.list`, `.forget`) "
+        "act for it, and a task without one may not call them",
     )
 
 
