@@ -188,6 +188,11 @@ def _request(method: str, url: str, args: argparse.Namespace, **kw: Any) -> http
 
 def submit(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    if getattr(args, "subject", None) is not None:
+        named = _with_subject(text, args.subject)
+        if named is None:
+            return 2
+        text = named
     headers = {"Content-Type": "application/json"}
     if args.idempotency_key:
         headers["Idempotency-Key"] = args.idempotency_key
@@ -203,6 +208,23 @@ def submit(args: argparse.Namespace) -> int:
         timeout=30.0 + wait,
     )
     return 2 if response is None else _show_task(response, args)
+
+
+def _with_subject(text: str, subject: str) -> str | None:
+    """The body with `subject` set (the end user the task acts for); None, said why, when the
+    body is not a JSON object or names another subject."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        print(f"reach: --subject needs the body as JSON: {exc}", file=sys.stderr)
+        return None
+    if not isinstance(body, dict):
+        print("reach: --subject needs a body that is a JSON object", file=sys.stderr)
+        return None
+    if body.get("subject", subject) != subject:
+        print(f"reach: the body names subject {body['subject']!r}, not --subject", file=sys.stderr)
+        return None
+    return json.dumps({**body, "subject": subject})
 
 
 def status(args: argparse.Namespace) -> int:

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--no-wait", action="store_true", help="answer once it is accepted")
             p.add_argument("--idempotency-key")
+            p.add_argument(
+                "--subject",
+                help="the end user the task acts for (memory's tools act for it); set in the "
+                "body's `subject`",
+            )
         elif name == "status":
             p.add_argument("task_id")
             p.add_argument(

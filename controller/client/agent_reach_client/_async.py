@@ -12,7 +12,15 @@ from typing import Any, cast
 import httpx
 
 from agent_reach_client import _calls
-from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
+from agent_reach_client._core import (
+    Call,
+    Settings,
+    SseParser,
+    result,
+    retry_delay,
+    submit_call,
+    with_subject,
+)
 from agent_reach_client._sync import TERMINAL
 from agent_reach_client.errors import PendingCalls
 from agent_reach_client.types import (
@@ -86,7 +94,7 @@ class AsyncClient:
                     return result(response)
             await asyncio.sleep(delay)
 
-    async def submit(
+    async def submit(  # noqa: PLR0913 - the task's options, all by keyword
         self,
         body: Any,
         *,
@@ -95,10 +103,11 @@ class AsyncClient:
         atomic: bool = False,
         idempotency_key: str | None = None,
         traceparent: str | None = None,
+        subject: str | None = None,
     ) -> Task:
         """See `Client.submit`."""
         call = submit_call(
-            body,
+            body if subject is None else with_subject(body, subject),
             wait=wait,
             dialect=dialect,
             atomic=atomic,

@@ -84,6 +84,17 @@ def submit_call(
     return Call("POST", "/v1/tasks", params=params, json=body, headers=headers)
 
 
+def with_subject(body: Any, subject: str) -> Any:
+    """The body with its task's `subject` (the end user it acts for) set: ValueError for a body
+    that is not an object, or that names another subject."""
+    if not isinstance(body, dict):
+        raise ValueError("subject= needs a body that is a JSON object (a plan or a model's turn)")
+    named = body.get("subject", subject)
+    if named != subject:
+        raise ValueError(f"the body names subject {named!r}, not {subject!r}")
+    return {**body, "subject": subject}
+
+
 def retry_delay(settings: Settings, attempt: int, response: httpx.Response | None) -> float | None:
     """Seconds before the next try of a call that got `response` (None: a lost connection), or
     None when it should not be tried again."""

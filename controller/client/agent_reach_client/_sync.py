@@ -11,7 +11,15 @@ from typing import Any, cast
 import httpx
 
 from agent_reach_client import _calls
-from agent_reach_client._core import Call, Settings, SseParser, result, retry_delay, submit_call
+from agent_reach_client._core import (
+    Call,
+    Settings,
+    SseParser,
+    result,
+    retry_delay,
+    submit_call,
+    with_subject,
+)
 from agent_reach_client.errors import PendingCalls
 from agent_reach_client.types import (
     Agent,
@@ -88,7 +96,7 @@ class Client:
 
     # --- tasks ------------------------------------------------------------------------------
 
-    def submit(
+    def submit(  # noqa: PLR0913 - the task's options, all by keyword
         self,
         body: Any,
         *,
@@ -97,11 +105,16 @@ class Client:
         atomic: bool = False,
         idempotency_key: str | None = None,
         traceparent: str | None = None,
+        subject: str | None = None,
     ) -> Task:
         """Submit a plan or a model's turn: `task_id`, `trace_id` and `status`; with `wait`, the
-        whole task as it stands when it ended or the wait did (its `turn` for a model's turn)."""
+        whole task as it stands when it ended or the wait did (its `turn` for a model's turn).
+
+        `subject` names the end user the task acts for (set in the body's `subject`): memory's
+        tools (`memory.save`, `.search`, `.list`, `.forget`) act for it, and a task without one
+        may not call them."""
         call = submit_call(
-            body,
+            body if subject is None else with_subject(body, subject),
             wait=wait,
             dialect=dialect,
             atomic=atomic,

@@ -57,6 +57,7 @@ class Task(TypedDict):
     error: NotRequired[TaskError | None]  # null unless failed (absent from older controllers)
     source: str
     environment: NotRequired[str]  # dev, sandbox or prod (absent from older controllers)
+    subject: NotRequired[str | None]  # the end user it acts for (absent from older controllers)
     steps: list[Step]
     turn: NotRequired[Turn | None]
 
