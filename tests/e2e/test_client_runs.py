@@ -45,7 +45,9 @@ def test_the_sync_client_puts_an_agent_runs_it_and_continues(dev: Proc) -> None:
         assert done["subject"] == "ann"
         shown = reach.get_run(done["run_id"])
         roles = [entry["role"] for entry in shown["messages"] or []]
-        assert roles == ["user", "assistant", "tool", "assistant"]
+        # A run with a subject records what it recalled (here nothing), never sent as a message.
+        assert roles == ["user", "memory", "assistant", "tool", "assistant"]
+        assert shown["recalled"] == []
         assert shown["tokens"]["input"] > 0
         assert done["run_id"] in [r["run_id"] for r in reach.list_runs()]
 
