@@ -192,6 +192,12 @@ async def test_a_run_recalls_the_nearest_memories_by_embeddings_and_keeps_no_vec
         "embedded": 3,
     }
     assert recall["receipt"]["data"] == output["output"]
+    # The embeddings call counts against the run's input tokens beside its model call's.
+    charged = [e["data"] for e in events["events"] if e["kind"] == "model_usage"]
+    assert [c["model"] for c in charged] == [MODEL, "scripted-1"]
+    assert charged[0]["charged"]["input"] >= len(json.dumps(first["input"])) // 4
+    assert charged[0]["cost"] == 0
+    assert done["tokens"]["input"] == sum(c["charged"]["input"] for c in charged)
     assert vectors_in(shown) == []
     assert "vectors" not in json.dumps(events)
     # The replay rebuilds the request the model was sent; the recall step is not a tool call.

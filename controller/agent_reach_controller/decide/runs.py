@@ -81,6 +81,15 @@ def usage_of(output: Any, *, sent_chars: int, prices: Prices) -> Usage:
     )
 
 
+def embedding_usage(output: Any, *, sent_chars: int) -> Usage:
+    """An embeddings call's usage: its input tokens (never fewer than what was sent would take),
+    nothing out, and no cost (a profile's prices are its chat model's, not its embedder's)."""
+    reported = output.get("usage") if isinstance(output, dict) else None
+    reported = reported if isinstance(reported, dict) else {}
+    tokens = max(_count(reported.get("input_tokens")), sent_chars // CHARS_PER_TOKEN)
+    return Usage(input_tokens=tokens, output_tokens=0, cached_tokens=0, cost=0.0)
+
+
 def over_budget(totals: Mapping[str, Any], limits: Limits) -> str | None:
     """Which budget the totals have spent, if any (a sentence)."""
     if limits.input_tokens is not None and totals["input_tokens"] >= limits.input_tokens:

@@ -292,6 +292,12 @@ class Rounds:
             )
             entry = [(memory_rules.MEMORY_ROLE, said)]
             await run_store.append_messages(tx.conn, run.run_id, run.round, entry, now=tx.now)
+            # The embeddings call counts against the run's input tokens, as its model calls do.
+            sent = json.dumps(step.args.get("input"))
+            usage = rules.embedding_usage(output, sent_chars=len(sent))
+            model = str(step.args.get("model") or profile.model)
+            await self._charge(tx, step, run, model, usage, output)
+            await run_store.update_run(tx.conn, run, usage.added_to(run), now=tx.now)
         await self._memory.put_down(tx.conn, step, output, embedded=embedded)
 
     async def _recall_failed(
