@@ -78,6 +78,7 @@ async def test_a_plan_with_a_subject_saves_then_finds_it_for_that_subject_and_te
         done = await api.post("/v1/tasks?wait=10", json=body)
         task_id = done.json()["task_id"]
         shown = (await api.get(f"/v1/tasks/{task_id}")).json()
+        listed = (await api.get("/v1/tasks", params={"limit": 5})).json()["tasks"]
         said = await outputs(c, done)
         other_subject = await outputs(c, await api.post("/v1/tasks?wait=10", json=searched("u2")))
         eve = await key_for(c, tenant="globex", name="eve")
@@ -86,6 +87,7 @@ async def test_a_plan_with_a_subject_saves_then_finds_it_for_that_subject_and_te
         [entry] = await c.memory.entries("default", "u1")
         globex = await c.memory.entries("globex", "u1")
     assert (done.json()["subject"], shown["subject"]) == ("u1", "u1")
+    assert {t["task_id"]: t["subject"] for t in listed}[task_id] == "u1"  # the list shows it too
     assert (entry.type, entry.key, entry.text) == ("fact", "city", SAVE["text"])
     # Literal arguments of the caller's own plan: the caller's words, as POST /v1/memory's.
     assert (entry.origin, entry.written_by) == (MemoryOrigin.USER, "alice")

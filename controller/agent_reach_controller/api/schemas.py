@@ -257,6 +257,7 @@ class TaskSummary(BaseModel):
     principal: str = Field(description="Who submitted it")
     goal: str | None
     run_id: str | None = Field(None, description="The agent run this task is a round of")
+    subject: str | None = Field(None, description="The end user the task acts for")
     created_at: Instant
     finished_at: Instant | None
 
