@@ -24,11 +24,13 @@ from agent_reach_controller.domain.records import MemoryOrigin, MemoryRow
 from agent_reach_controller.domain.subjects import subject_problem
 from agent_reach_controller.storage import memory as store
 from agent_reach_controller.storage.engine import Connection, Database
+from agent_reach_controller.tools.agents import MODEL_CONNECTOR
+from agent_reach_controller.tools.memory import MEMORY_CONNECTOR
 
 # Field names of a stored entry a caller may change with a patch.
 PATCHABLE = frozenset({"text", "value", "pinned", "confidence", "expires_at", "origin"})
 # Steps whose outputs are not a tool's: the model's own calls, and memory's internal steps.
-INTERNAL_CONNECTORS = ("model", "memory")
+INTERNAL_CONNECTORS = (MODEL_CONNECTOR, MEMORY_CONNECTOR)
 # The shortest text the scrub replaces: shorter strings ("yes", "NY") occur by chance.
 _MIN_SCRUB = 4
 
