@@ -26,6 +26,7 @@ from agent_reach_controller.api import (
 )
 from agent_reach_controller.api.errors import RETRY_AFTER_S
 from agent_reach_controller.api.keys import router as keys_router
+from agent_reach_controller.api.lean_submit import LeanSubmit
 from agent_reach_controller.api.problems import problem_responses, single_query_values
 from agent_reach_controller.api.serving import ShuttingDownError, StorageUnavailableError
 from agent_reach_controller.api.tasks import components
@@ -127,4 +128,8 @@ def create_app(components_: Components) -> FastAPI:
 
         app.state.mcp = McpGateway(components_)
         app.router.routes.append(Route("/mcp", app.state.mcp, methods=["GET", "POST", "DELETE"]))
+    # Last: the stack is built once every route and handler is in (nothing is added after).
+    app.middleware_stack = LeanSubmit(
+        app.build_middleware_stack(), components_, app.exception_handlers
+    )
     return app

@@ -47,11 +47,15 @@ class ForbiddenError(Exception):
 
 
 def _token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
+    return token_of(request.headers.get("authorization", ""), request.headers.get("x-api-key"))
+
+
+def token_of(authorization: str, api_key: str | None) -> str | None:
+    """The API key a request sends: `Authorization: Bearer …`, else `X-API-Key`."""
+    scheme, _, value = authorization.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get("x-api-key") or None
+    return api_key or None
 
 
 # Declared so the OpenAPI publishes both ways of sending a key (alternatives); `_token` reads them.
@@ -87,6 +91,11 @@ async def authenticate(app_components: Components, request: Request) -> Principa
         ):
             raise CsrfError
         return signed_in.principal
+    return await key_principal(app_components, token)
+
+
+async def key_principal(app_components: Components, token: str) -> Principal:
+    """Whom an API key stands for; UnauthenticatedError if it stands for no one."""
     principal = await principal_of_key(app_components, token)
     if principal is None:
         raise UnauthenticatedError("the API key is not valid (unknown, revoked or malformed)")

@@ -53,6 +53,8 @@ async def components(request: Request) -> Components:
 Deps = Annotated[Components, Depends(components)]
 
 SUBMIT_BODY = {"requestBody": openapi.submit_body()}
+# The longest Idempotency-Key a submit takes (a longer one is a 422).
+IDEMPOTENCY_KEY_MAX = 255
 PROBLEMS = problem_responses(400, 404, 409, 413, 429)
 # Routes with a JSON body: also 415 for a body of another media type.
 BODY_PROBLEMS = {**PROBLEMS, **problem_responses(415)}
@@ -351,9 +353,40 @@ async def submit_task(
     deps: Deps,
     who: Caller,
     ask: Annotated[SubmitQuery, Query()],
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=IDEMPOTENCY_KEY_MAX)] = None,
     traceparent: Annotated[str | None, Header()] = None,
 ) -> Response:
+    submitted = await take_submit(
+        deps,
+        who,
+        request,
+        idempotency_key=idempotency_key,
+        traceparent=traceparent,
+        ask=ask,
+    )
+    if ask.wait > 0:
+        view = await deps.queries.wait(
+            submitted.task_id, within=min(ask.wait, deps.settings.max_wait_seconds)
+        )
+        status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
+        out = task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
+        return JSONResponse(
+            out.model_dump(mode="json"), status_code=status, headers=_location(submitted)
+        )
+    return accepted_response(submitted)
+
+
+async def take_submit(
+    deps: Components,
+    who: Principal,
+    request: Request,
+    *,
+    idempotency_key: str | None,
+    traceparent: str | None,
+    ask: SubmitQuery | None = None,
+) -> Submitted:
+    """A submit once its caller is known: the body read, validated and stored as a task in its
+    submit span. The route and its short way in (api/lean_submit.py) both come here."""
     parent = parse_traceparent(traceparent)
     # The request's server span (FastAPI's, when tracing is on) has already continued a caller's
     # traceparent; without one, the caller's header is the parent; else a new trace starts.
@@ -364,25 +397,28 @@ async def submit_task(
         trace_id=trace_id,
         parent_span_id=parent[1] if parent else None,
         idempotency_key=idempotency_key,
-        dialect=ask.dialect,
-        atomic=ask.atomic,
+        dialect=ask.dialect if ask else None,
+        atomic=ask.atomic if ask else False,
     )
     with submit_span(deps, who, to, parent_span_id=http_span[1] if http_span else None) as current:
         body = await _read_json(request, deps.settings.max_body_bytes)
         submitted, steps = await accept_plan(deps, who, body, to)
         mark_submitted(current, submitted, steps)
-    headers = {"Location": f"/v1/tasks/{submitted.task_id}"}
-    if ask.wait > 0:
-        view = await deps.queries.wait(
-            submitted.task_id, within=min(ask.wait, deps.settings.max_wait_seconds)
-        )
-        status = 200 if view.task.status in TERMINAL_TASK_STATES else 202
-        out = task_out(view, budget=deps.settings.receipt_budget_chars, approvers=approvers(deps))
-        return JSONResponse(out.model_dump(mode="json"), status_code=status, headers=headers)
+    return submitted
+
+
+def accepted_response(submitted: Submitted) -> Response:
+    """202: the task is stored (or was, for a repeated Idempotency-Key); where to read it."""
     accepted = schemas.TaskAccepted(
         task_id=submitted.task_id, trace_id=submitted.trace_id, status=submitted.status
     )
-    return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+    return JSONResponse(
+        accepted.model_dump(mode="json"), status_code=202, headers=_location(submitted)
+    )
+
+
+def _location(submitted: Submitted) -> dict[str, str]:
+    return {"Location": f"/v1/tasks/{submitted.task_id}"}
 
 
 @router.get("/{task_id}", response_model=schemas.TaskOut, responses=PROBLEMS)
