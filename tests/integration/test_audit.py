@@ -9,7 +9,7 @@ import random
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,35 @@ async def test_records_are_sealed_in_order_into_one_chain(db: Database) -> None:
     assert (report.checked, report.sealed, report.pending) == (7, 7, 0)
     assert (report.head_seq, report.head_hash) == (7, more[6].hash)
     assert report.lines()[-1] == "OK: the chain is intact"
+
+
+async def test_a_seal_hashes_exactly_what_was_recorded(db: Database) -> None:
+    # Pinned: every stored chain was hashed so, and must still verify.
+    at = datetime(2026, 1, 2, 3, 4, 5, 60_708, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    for i, (tenant, data) in enumerate(
+        [
+            ("acme", {"steps": 1, "source": "plan", "environment": "default"}),
+            (None, {"note": 'a "quote", a \\ and \u2028 北京 😀', "n": [1.5, -2, True, None, {}]}),
+            ("beta", {"z": {"é": False, "E": "\x01"}, "a": []}),
+        ]
+    ):
+        async with db.transaction() as conn:
+            await audit.record(
+                conn,
+                actor="key:k-1",
+                tenant=tenant,
+                action="task.submit",
+                target=f"task:t-{i}",
+                data=data,
+                now=at + timedelta(microseconds=i),
+            )
+    assert await audit.seal(db) == 3
+    assert [r.hash for r in await rows(db)] == [
+        "1da448f7ba77aa1b50f4143fee11e981d8d452a3ddeea82a0cb690c5c384a31a",
+        "f66b4cda7bd6439c2eeb2734ae09041c3411b20535d6e3f37f35c52ebb8f1021",
+        "0f146c8b71f144ec344996a83904d11d429571331c052f638a12c61cf8c80751",
+    ]
+    assert (await audit.verify(db)).ok
 
 
 async def test_sealing_waits_for_entries_to_settle_and_takes_batches(db: Database) -> None:

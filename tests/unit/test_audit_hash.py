@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import random
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -171,3 +173,99 @@ def test_a_seq_below_the_expected_one_is_a_gap_too() -> None:
     assert problem is not None
     assert (problem.kind, problem.seq) == ("seq_gap", 2)
     assert problem.detail == "expected seq 2, found seq 1 (id 20)"
+
+
+# An entry with what JSON makes hard: no tenant, a time that is not UTC and has no microseconds,
+# escapes, characters beyond the BMP, keys that sort differently as bytes and as code points,
+# numbers of every kind, empty and nested containers.
+AWKWARD = entry(
+    seq=9_007_199_254_740_993,
+    at=datetime(2026, 3, 29, 1, 30, 0, 0, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
+    actor='key:"q"\\\n',
+    tenant=None,
+    action="tool.update",
+    target="tool:\u2028\x01/é",
+    data={
+        "é": 1,
+        "z": -0.0,
+        "a": [1.5, 1e300, 10**30, True, False, None, {}, []],
+        "Z": {"😀": "\t", "b": {"": "\x7f"}},
+    },
+)
+
+
+def test_an_awkward_entry_is_pinned_too() -> None:
+    assert canonical(AWKWARD) == (
+        '{"action":"tool.update","actor":"key:\\"q\\"\\\\\\n","at":"2026-03-29T11:00:00.000000Z",'
+        '"data":{"Z":{"b":{"":"\x7f"},"😀":"\\t"},"a":[1.5,1e+300,1000000000000000000000000000000,'
+        'true,false,null,{},[]],"z":-0.0,"é":1},"seq":9007199254740993,'
+        '"target":"tool:\u2028\\u0001/é","tenant":null}'
+    )
+    assert entry_hash("ab" * 32, AWKWARD) == (
+        "1f412a96684a42876b457349a8de1c6dbe0e9eef5d26d04495b02a238177de10"
+    )
+
+
+def test_a_year_before_1000_keeps_strftimes_spelling() -> None:
+    # Not a time any entry was made at, but the spelling a hash covers never changes.
+    assert iso_utc(datetime(999, 1, 2, 3, 4, 5, tzinfo=UTC)) == "999-01-02T03:04:05.000000Z"
+
+
+def reference_canonical(e: Entry) -> str:
+    """The definition the chain's docstring gives, spelled the plain way."""
+    return json.dumps(
+        {
+            "seq": e.seq,
+            "at": e.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "actor": e.actor,
+            "tenant": e.tenant,
+            "action": e.action,
+            "target": e.target,
+            "data": e.data,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+
+
+def test_canonical_json_is_the_definitions_byte_for_byte() -> None:
+    rng = random.Random(33)
+    alphabet = 'aZ09 _-:/"\\\n\t\x00\x1f\x7fé北😀\u2028'
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+
+    def value(depth: int) -> object:
+        kind = rng.randrange(8 if depth < 3 else 5)
+        leaves = [
+            text,
+            lambda: rng.randrange(-(2**70), 2**70),
+            lambda: rng.uniform(-1e9, 1e9) * 10 ** rng.randrange(-320, 300),
+            lambda: rng.choice([True, False, None]),
+            lambda: rng.randrange(-5, 5),
+        ]
+        if kind < len(leaves):
+            return leaves[kind]()
+        if kind == 5:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {text(): value(depth + 1) for _ in range(rng.randrange(4))}
+
+    for seq in range(1, 501):
+        offset = timedelta(minutes=rng.randrange(-14 * 60, 14 * 60))
+        at = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**16))
+        e = entry(
+            seq=seq,
+            at=at.astimezone(timezone(offset)),
+            actor=text() or "a",
+            tenant=rng.choice([None, text()]),
+            action=text() or "x.y",
+            target=text() or "t",
+            data={text(): value(0) for _ in range(rng.randrange(5))},
+        )
+        assert canonical(e) == reference_canonical(e)
+        assert (
+            entry_hash(GENESIS, e)
+            == hashlib.sha256((GENESIS + reference_canonical(e)).encode("utf-8")).hexdigest()
+        )
