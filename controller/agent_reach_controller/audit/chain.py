@@ -12,7 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from json.encoder import encode_basestring
+from typing import Any, Protocol
 
 # The `prev_hash` of the first entry.
 GENESIS = "0" * 64
@@ -31,38 +32,76 @@ class Entry:
     data: Any
 
 
+class Content(Protocol):
+    """What an entry's hash covers besides its `seq`: an `Entry`, or a stored row as it is read
+    (the sealer hashes its rows without copying each into an `Entry` first)."""
+
+    @property
+    def at(self) -> datetime: ...
+    @property
+    def actor(self) -> str: ...
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def data(self) -> Any: ...
+
+
 def iso_utc(at: datetime) -> str:
     """`2026-11-30T08:00:00.000000Z`: always UTC, always microseconds."""
     if at.tzinfo is None:
         raise ValueError("naive datetime in an audit entry")
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    utc = at.astimezone(UTC)
+    if utc.year < 1000:  # strftime's `%Y` spells these unpadded ("999"), isoformat pads them
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # "…:00.000000+00:00" without its offset is strftime's text, at 0.9 µs of CPU against 1.5.
+    return utc.isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# One encoder for every entry: `json.dumps` with options other than its defaults builds a new
+# one at each call.
+_encode = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
 
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, raw UTF-8; NaN and infinities are refused."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _encode(value)
 
 
 def canonical(entry: Entry) -> str:
     """The entry as the canonical JSON object that is hashed."""
-    return canonical_json(
-        {
-            "seq": entry.seq,
-            "at": iso_utc(entry.at),
-            "actor": entry.actor,
-            "tenant": entry.tenant,
-            "action": entry.action,
-            "target": entry.target,
-            "data": entry.data,
-        }
+    return _canonical(entry.seq, entry)
+
+
+def _canonical(seq: int, content: Content) -> str:
+    # `canonical_json` of {"seq", "at", "actor", "tenant", "action", "target", "data"}, written
+    # out in its sorted key order: the same bytes (its strings go through `encode_basestring`
+    # too) without building and sorting a dict per entry. The unit tests hold the two equal.
+    tenant = "null" if content.tenant is None else encode_basestring(content.tenant)
+    return (
+        f'{{"action":{encode_basestring(content.action)}'
+        f',"actor":{encode_basestring(content.actor)}'
+        f',"at":"{iso_utc(content.at)}"'
+        f',"data":{_encode(content.data)}'
+        f',"seq":{seq}'
+        f',"target":{encode_basestring(content.target)}'
+        f',"tenant":{tenant}}}'
     )
 
 
 def entry_hash(prev_hash: str, entry: Entry) -> str:
     """SHA-256 (hex) of the previous entry's hash followed by this entry's canonical JSON."""
-    return hashlib.sha256((prev_hash + canonical(entry)).encode("utf-8")).hexdigest()
+    return content_hash(prev_hash, entry.seq, entry)
+
+
+def content_hash(prev_hash: str, seq: int, content: Content) -> str:
+    """`entry_hash` of the entry `content` makes at `seq`."""
+    return hashlib.sha256((prev_hash + _canonical(seq, content)).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

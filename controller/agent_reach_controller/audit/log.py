@@ -22,7 +22,7 @@ from agent_reach_controller.audit.chain import (
     Entry,
     Problem,
     canonical_json,
-    entry_hash,
+    content_hash,
 )
 from agent_reach_controller.storage import audit as store
 from agent_reach_controller.storage.engine import Connection, Database
@@ -133,7 +133,7 @@ async def seal(
         sealed: list[store.Seal] = []
         for row in rows:
             seq += 1
-            digest = entry_hash(prev, _entry(seq, row))
+            digest = content_hash(prev, seq, row)
             sealed.append(store.Seal(id=row.id, seq=seq, prev_hash=prev, hash=digest))
             prev = digest
         count = await store.seal_entries(conn, sealed)
