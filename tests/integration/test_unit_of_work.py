@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_reach.states import StepStatus
+from agent_reach.states import StepStatus, TaskStatus
 from agent_reach_controller.decide.outcomes import decide_result
 from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning.plan import parse_plan
@@ -91,3 +91,50 @@ async def test_a_unit_that_moves_steps_advances_before_commit_and_wakes_after(
         assert second.step_id == "b"
         await finish(c, second)
         assert (await c.queries.get(task_id)).task.status.value == "succeeded"
+
+
+WIDE = {
+    "steps": [
+        {"step_id": "a", "tool": "echo.say", "args": {}},
+        {"step_id": "b", "tool": "echo.say", "args": {}},
+        {
+            "step_id": "c",
+            "tool": "echo.say",
+            "depends_on": ["a", "b"],
+            "args": {"text": "$a.output.word", "n": "$b.output.n"},
+        },
+    ]
+}
+
+
+@pytest.mark.parametrize("budget", [3, 2])
+async def test_a_unit_holding_every_step_of_a_task_advances_it_as_if_it_read_them(
+    database_url: str, tmp_path: Path, budget: int
+) -> None:
+    """A unit that locked every step of a task advances it on the rows it read, as its changes
+    left them (Postgres; SQLite reads the task's steps again): the dependant resolves both
+    outputs, and the budget counts both attempts (2 of 3 held: c starts; 2 of 2: it cannot)."""
+    body = {**WIDE, "budget": {"max_attempts": budget}}
+    async with components_for(database_url, write_tools(tmp_path)) as c:
+        plan = parse_plan(body, c.catalog)
+        task_id = (await c.intake.submit(SubmitInput(plan=plan, request=body))).task_id
+        a, b = await c.leasing.claim(executor_id="e", connectors=["echo"], limit=5)
+        keys = [s.id for s in (await c.queries.get(task_id)).steps]  # c, blocked, among them
+        async with c.work.begin() as tx:
+            current = await tx.lock_steps(keys)
+            changes = [
+                decide_result(now, ok(now, output), await tx.decision(now))
+                for now, output in ((current[a.id], {"word": "hi"}), (current[b.id], {"n": 3}))
+            ]
+            assert len(await tx.change(changes)) == 2
+
+        view = await c.queries.get(task_id)
+        third = view.steps[2]
+        if budget == 3:
+            assert (third.status, third.resolved_args) == (StepStatus.READY, {"text": "hi", "n": 3})
+            assert view.task.status is TaskStatus.RUNNING
+        else:
+            assert third.status is StepStatus.FAILED
+            assert third.receipt is not None
+            assert third.receipt["error"]["code"] == "budget_exhausted"
+            assert view.task.status is TaskStatus.FAILED

@@ -127,6 +127,9 @@ class TaskWork:
         self.tasks: dict[str, TaskRow] = {}  # read under their locks
         self.steps: dict[int, StepRow] = {}  # by key: those `lock_steps` was given
         self._locked: list[str] = []
+        # Locked tasks all of whose steps `lock_steps` read, each step (by key) as the changes
+        # since left it: their next advance is decided on these rows, and reads none.
+        self._whole: dict[str, dict[int, StepRow]] = {}
         self._budgets: dict[str, Budget] | None = None
         self._moved = False  # steps changed since the last advance
         self._connectors: set[str] = set()
@@ -139,8 +142,14 @@ class TaskWork:
     async def lock_steps(self, keys: Sequence[int]) -> dict[int, StepRow]:
         """Lock the tasks of these steps, then read the steps and the tasks (in one go)."""
         # Read once under the lock: step changes never touch task rows.
-        self.tasks, self.steps = await locks.lock_steps(self.conn, keys)
+        self.tasks, self.steps, whole = await locks.lock_steps(self.conn, keys)
         self._locked = sorted(self.tasks)
+        # Not the round of an agent run: its run's hooks (`RunHooks`) add steps to it, which
+        # `change` does not see.
+        self._whole = {t: {} for t in whole if self.tasks[t].run_id is None}
+        for key, step in self.steps.items():
+            if step.task_id in self._whole:
+                self._whole[step.task_id][key] = step
         await self._work.registry.ensure(
             [(s.tool, s.tool_version) for s in self.steps.values()], conn=self.conn
         )
@@ -150,6 +159,7 @@ class TaskWork:
         """Lock one task and read it (None if there is no such task)."""
         await locks.lock_tasks(self.conn, [task_id])
         self._locked = [task_id]
+        self._whole = {}
         task = await task_store.load_task(self.conn, task_id)
         self.tasks = {task_id: task} if task is not None else {}
         return task
@@ -181,9 +191,14 @@ class TaskWork:
         """Apply decided changes (compare-and-set on each step's status and attempt); returns
         the ids of the steps that moved. Their events are written with the commit."""
         # What the advance will read is read in the same round trip (it is stale, and read
-        # again, if anything changes the steps before).
-        moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=self._locked)
+        # again, if anything changes the steps before); a task held whole needs nothing read.
+        partial = [t for t in self._locked if t not in self._whole]
+        moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=partial)
         self._moved = self._moved or bool(moved)
+        for c in changes:
+            held = self._whole.get(c.step.task_id)
+            if held is not None and c.step.id in moved:
+                held[c.step.id] = changed_row(replace(c, step=held[c.step.id]))
         internal = self._work.internal_connectors
         for c in changes if internal else ():
             if (
@@ -239,8 +254,10 @@ class TaskWork:
         after which nothing reads the task rows, writes their statuses with the commit."""
         self._moved = False
         ready, self._internal_ready = list(self._internal_ready.values()), {}
+        whole = {t: sorted(held.values(), key=_position) for t, held in self._whole.items()}
+        self._whole = {}  # the advance moves steps these rows would not show
         advanced = await self._work.advance(
-            self.conn, self._locked, now=self.now, tasks=self.tasks, at_commit=last, ready=ready
+            self.conn, now=self.now, tasks=self.tasks, at_commit=last, ready=ready, whole=whole
         )
         self.wake(connectors=advanced.ready_connectors, tasks=advanced.finished_tasks)
         runs = self._work.runs
@@ -364,33 +381,39 @@ class UnitOfWork:
     async def advance(
         self,
         conn: Connection,
-        task_ids: Iterable[str],
         *,
         now: datetime,
         tasks: dict[str, TaskRow],
         at_commit: bool = False,
         ready: Sequence[StepRow] = (),
+        whole: Mapping[str, list[StepRow]] | None = None,
     ) -> Advanced:
-        """Unblock, skip or fail what the current step states allow; settle task statuses
-        (written `at_commit` if nothing reads them before: see `writes_to.AtCommit`). `ready`:
-        steps of internal connectors a change has just queued, to run with the others.
+        """Unblock, skip or fail what the current step states of `tasks` allow; settle their
+        statuses (written `at_commit` if nothing reads them before: see `writes_to.AtCommit`).
+        `ready`: steps of internal connectors a change has just queued, to run with the others.
+        `whole`: every step of some of the tasks, as they are now, in position order (nothing
+        is read for those).
 
         The caller holds the tasks' row locks and read `tasks` under them.
         """
-        ids = sorted(set(task_ids))
+        ids = sorted(tasks)
+        whole = whole or {}
+        read = [t for t in ids if t not in whole]
         # Only blocked steps can move, and only their dependencies' outputs matter; a task's
         # other steps count only through their statuses. (A budget needs every step's attempts.)
-        _, rows, counts = await store.load_for_advance(conn, ids, with_tasks=False)
-        budgeted = [t for t in ids if t in tasks and tasks[t].max_attempts is not None]
+        _, rows, counts = await store.load_for_advance(conn, read, with_tasks=False)
+        budgeted = [t for t in read if tasks[t].max_attempts is not None]
         if budgeted:
             rows = [r for r in rows if r.task_id not in budgeted]
             rows += await store.load_steps(conn, budgeted)
+        rows += [s for t in ids if t in whole for s in whole[t]]
         loaded = {r.id for r in rows}
         rows += [s for s in ready if s.id not in loaded and s.task_id in ids]
         by_task: dict[str, list[StepRow]] = defaultdict(list)
         for step in rows:
             by_task[step.task_id].append(step)
         writes = writes_to.AtCommit(conn) if at_commit else writes_to.Stored(conn)
+        counts = {t: counts.get(t, Counter()) for t in read}
         return await self.advance_loaded(
             conn, tasks, by_task, now=now, counts=counts, writes=writes
         )
@@ -408,7 +431,8 @@ class UnitOfWork:
         """Apply what `decide_unblocks` allows and settle each task's status.
 
         `by_task` must hold every blocked step and the steps they depend on; `counts` gives the
-        tasks' step statuses when `by_task` does not hold every step. The transitions go to the
+        step statuses of the tasks of which `by_task` does not hold every step (it holds every
+        step of those `counts` leaves out, or of all if it is None). The transitions go to the
         stored rows unless `writes` takes them (a task being submitted). A step of an internal
         connector that is ready is run here (`InternalSteps`), and what it unblocks moves too:
         the pass repeats until none is left ready.
@@ -428,10 +452,11 @@ class UnitOfWork:
         result = Advanced()
         result.ready_connectors.update(moves.queued_connectors())
         for task_id in ids:
-            if counts is None:
+            counted = counts.get(task_id) if counts is not None else None
+            if counted is None:
                 statuses = [moves.status(s) for s in moves.rows[task_id]]
             else:
-                tally = Counter(counts.get(task_id, {}))
+                tally = Counter(counted)
                 for was, is_now in moves.moved_in(task_id):
                     tally[was] -= 1
                     tally[is_now] += 1
@@ -533,6 +558,10 @@ class UnitOfWork:
 
 
 _STEP_FIELDS = frozenset(f.name for f in fields(StepRow))
+
+
+def _position(step: StepRow) -> int:
+    return step.position
 
 
 def changed_row(change: StepChange) -> StepRow:

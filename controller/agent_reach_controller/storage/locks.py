@@ -3,6 +3,7 @@ replicas."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from agent_reach_controller.storage.engine import (
     round_trip,
 )
 from agent_reach_controller.storage.schema import steps, tasks
-from agent_reach_controller.storage.steps import STEPS_BY_KEY, load_steps_by_key
+from agent_reach_controller.storage.steps import LOCKED_STEPS_BY_KEY, load_steps_by_key
 from agent_reach_controller.storage.tasks import load_tasks
 
 # Row locks that serialise advancing these tasks between replicas, in id order.
@@ -38,7 +39,8 @@ ORDER BY task_id FOR UPDATE
 async def locked_reads(
     conn: Connection, keys: Sequence[int]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(task rows, step rows) of these steps, the tasks locked first, in one round trip.
+    """(task rows, step rows) of these steps, the tasks locked first, in one round trip; each
+    step row also says how many steps its task has (`task_steps`).
 
     A pipeline runs its statements in order, so the steps are read once the locks are held:
     what the previous holder committed is visible.
@@ -47,7 +49,7 @@ async def locked_reads(
     async with round_trip(conn, pipeline=True) as pg:
         task_rows, step_rows = pg.cursor(row_factory=dict_row), pg.cursor(row_factory=dict_row)
         await task_rows.execute(LOCK_TASK_ROWS_OF_STEPS, params, prepare=prepare(pg))
-        await step_rows.execute(STEPS_BY_KEY, params, prepare=prepare(pg))
+        await step_rows.execute(LOCKED_STEPS_BY_KEY, params, prepare=prepare(pg))
     return [hot.utc(r) for r in await task_rows.fetchall()], [
         hot.utc(r) for r in await step_rows.fetchall()
     ]
@@ -69,19 +71,22 @@ async def lock_tasks(conn: AsyncConnection, task_ids: Iterable[str]) -> None:
 
 async def lock_steps(
     conn: AsyncConnection, keys: Iterable[int]
-) -> tuple[dict[str, TaskRow], dict[int, StepRow]]:
-    """Lock the tasks these steps belong to (in id order), then read those tasks and the steps.
-    One round trip on Postgres."""
+) -> tuple[dict[str, TaskRow], dict[int, StepRow], set[str]]:
+    """Lock the tasks these steps belong to (in id order), then read those tasks and the steps;
+    also returns the tasks all of whose steps are among those read (on Postgres; none on
+    SQLite). One round trip on Postgres."""
     wanted = sorted(set(keys))
     if not wanted:
-        return {}, {}
+        return {}, {}, set()
     if conn.dialect.name != "postgresql":
         locked = await _lock_tasks_of_steps(conn, wanted)
-        return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted)
+        return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted), set()
     task_rows, step_rows = await locked_reads(conn, wanted)
+    read = Counter(r["task_id"] for r in step_rows)
     return (
         {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
         {r["id"]: StepRow.from_mapping(r) for r in step_rows},
+        {r["task_id"] for r in step_rows if r["task_steps"] == read[r["task_id"]]},
     )
 
 

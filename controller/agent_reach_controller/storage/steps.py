@@ -121,6 +121,16 @@ async def _advance_rows(
 STEPS_BY_KEY = f"SELECT {hot.STEP_COLUMNS} FROM steps WHERE id = ANY(%(keys)s::bigint[])"
 
 
+# Whole rows by key read under their tasks' locks (`locks.locked_reads`), each with how many
+# steps its task has: exact under the lock, which every insert of a task's steps holds (or comes
+# before the task is visible). A task all of whose steps were read is then advanced on them.
+LOCKED_STEPS_BY_KEY = f"""
+SELECT {hot.columns(schema.steps, "s.")},
+       (SELECT count(*) FROM steps AS o WHERE o.task_id = s.task_id) AS task_steps
+FROM steps AS s WHERE s.id = ANY(%(keys)s::bigint[])
+"""
+
+
 BLOCKED_STEPS = f"""
 SELECT {hot.STEP_COLUMNS} FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND status = 'blocked'
 ORDER BY task_id, position
