@@ -83,8 +83,9 @@ class ReportingService:
             return []
         async with self._work.begin() as tx:
             if session is not None and self.sessions is not None:
-                # A revoked or expired session's results count for nothing, even in flight.
-                await self.sessions.touch(tx.conn, session.id, now=tx.now)
+                # A revoked or expired session's results count for nothing, even in flight: the
+                # heartbeat is the commit's guard (on Postgres no statement of its own).
+                await self.sessions.touch(tx.conn, session.id, now=tx.now, at_commit=True)
             await tx.lock_steps([r.step_key for r in results])
             caller = Caller(holder=session.id if session else executor_id, session=session)
             acks, opened = await self._apply(tx, results, caller=caller)

@@ -173,16 +173,19 @@ class SessionService:
             row = await storage.load_session(conn, session_id)
         return (_session_of(row), row.secret_hash) if row else None
 
-    async def touch(self, conn: Connection, session_id: str, *, now: datetime) -> datetime:
+    async def touch(
+        self, conn: Connection, session_id: str, *, now: datetime, at_commit: bool = False
+    ) -> datetime:
         """Record that the session is alive; returns its new expiry. SessionEndedError if it
-        has ended: on Postgres from the transaction's next round trip, which carries the update."""
+        has ended: on Postgres from the transaction's next round trip, which carries the update,
+        or `at_commit` from its commit, which then writes nothing (`storage.touch_session`)."""
         expires = now + self.liveness
+
+        def session_ended() -> SessionEndedError:
+            return SessionEndedError(session_id)
+
         await storage.touch_session(
-            conn,
-            session_id,
-            now=now,
-            expires_at=expires,
-            ended=lambda: SessionEndedError(session_id),
+            conn, session_id, now=now, expires_at=expires, ended=session_ended, at_commit=at_commit
         )
         return expires
 

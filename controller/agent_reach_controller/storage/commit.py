@@ -37,7 +37,7 @@ class CommitStatement:
 
     def __init__(self) -> None:
         self._parts: list[tuple[str, Mapping[str, Any], str | None]] = []
-        self._refusals: dict[str, type[Exception]] = {}
+        self._refusals: dict[str, Callable[[], Exception]] = {}
         # Parts whose value is handed back once the statement has run: (part, answer).
         self._readers: list[tuple[int, Callable[[Any], None]]] = []
         self._cursor: psycopg.AsyncCursor[Any] | None = None
@@ -71,12 +71,13 @@ class CommitStatement:
         self._parts.append((sql, params, value))
 
     def expect(
-        self, sql: str, params: Mapping[str, Any], *, holds: str, refusal: type[Exception]
+        self, sql: str, params: Mapping[str, Any], *, holds: str, refusal: Callable[[], Exception]
     ) -> None:
         """Add a part whose rows must satisfy `holds`, an SQL condition over them as a group
         (`count(*) = 1`); if not, nothing of the transaction is written and committing it
-        raises `refusal()`."""
-        name = refusal.__name__
+        raises `refusal()`: an exception class, or a function that makes the exception (one
+        with a name, not a lambda: the guard names it in SQL)."""
+        name = getattr(refusal, "__name__", "")
         if not _REFUSAL_NAME.fullmatch(name):
             raise ValueError(f"refusal {name!r} cannot be named in SQL")
         self._refusals[name] = refusal

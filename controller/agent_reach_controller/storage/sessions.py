@@ -15,6 +15,8 @@ from psycopg import AsyncCursor
 from agent_reach.states import StepStatus
 from agent_reach_controller.storage.engine import (
     Connection,
+    before_commit,
+    commit_statement,
     queue_statement,
 )
 from agent_reach_controller.storage.schema import executor_sessions, steps
@@ -103,10 +105,11 @@ async def newest_live_session(
     return SessionRow.from_mapping(row) if row else None
 
 
-# A live executor session's heartbeat.
+# A live executor session's heartbeat (its row, if it is live).
 TOUCH_SESSION = """
 UPDATE executor_sessions SET last_seen_at = %(now)s, expires_at = %(expires_at)s
 WHERE id = %(session_id)s AND ended_at IS NULL
+RETURNING id
 """
 
 
@@ -117,12 +120,25 @@ async def touch_session(
     now: datetime,
     expires_at: datetime,
     ended: Callable[[], Exception],
+    at_commit: bool = False,
 ) -> None:
     """Move a live session's last heartbeat and expiry; raise `ended()` if it has ended (or is
     unknown). On Postgres the update goes with the transaction's next round trip (it is checked
-    then): what the transaction does meanwhile is rolled back if the session has ended."""
+    then): what the transaction does meanwhile is rolled back if the session has ended. With
+    `at_commit` it goes in the commit statement instead, as its guard: nothing of the
+    transaction is written if the session has ended by then, and committing raises `ended()`
+    (a named function or a class: `CommitStatement.expect` names it in SQL)."""
     if conn.dialect.name == "postgresql":
         params = {"session_id": session_id, "now": now, "expires_at": expires_at}
+        if at_commit:
+
+            async def guard(c: Connection) -> None:
+                commit_statement(c).expect(
+                    TOUCH_SESSION, params, holds="count(*) = 1", refusal=ended
+                )
+
+            before_commit(conn, guard)
+            return
 
         def check(cursor: AsyncCursor[Any]) -> None:
             if cursor.rowcount == 0:
