@@ -11,6 +11,7 @@ from agent_reach.ids import make_traceparent
 from agent_reach.telemetry import dispatch_span_id
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.decide.outcomes import AttemptError, AttemptResult, closes_at
+from agent_reach_controller.domain.jsontext import compact
 from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.planning import argmap
 from agent_reach_controller.tools.catalog import Timeouts, ToolSpec
@@ -26,7 +27,7 @@ def from_ms(value: int) -> datetime | None:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return compact(value)
 
 
 def call_args(step: StepRow, tool: ToolSpec) -> Any:

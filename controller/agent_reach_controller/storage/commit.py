@@ -16,7 +16,6 @@ they run in no set order: rows whose ids must keep an order (events, audit entri
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -24,6 +23,8 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+
+from agent_reach_controller.domain.jsontext import compact
 
 # What `agent_reach_refuse(reason)` raises.
 REFUSED = "AR001"
@@ -131,8 +132,8 @@ def compose(parts: tuple[tuple[str, str | None], ...]) -> str:
 
 def json_rows(rows: Any) -> str:
     """Rows as one compact JSON text, for `jsonb_to_recordset` and its kin (timestamps in ISO
-    8601 with their offset)."""
-    return json.dumps(rows, default=_json_default, separators=(",", ":"))
+    8601 with their offset; see domain/jsontext.py)."""
+    return compact(rows, default=_json_default).decode()
 
 
 def _join(first: str, second: str) -> str:
