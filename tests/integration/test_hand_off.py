@@ -11,7 +11,8 @@ the step is queued instead, the submit still answered once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from agent_reach.v1 import executor_pb2 as pb
 from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
-from agent_reach_controller.services.intake import IntakeService, SubmitInput
+from agent_reach_controller.services import handoff
+from agent_reach_controller.services.handoff import HandOff
+from agent_reach_controller.services.intake import IntakeService, SubmitInput, Submitted
 from agent_reach_controller.storage import flow
 from tests.integration.stack import TOOLS, api_client, components_for, write_tools
 from tests.integration.test_commits import _next_xid, executor_plane
@@ -311,3 +315,220 @@ async def test_a_poll_is_never_handed_a_step_outside_its_pools_scope(
     assert await poll == []
     (step,) = await (await _registered(c, stub, name="allowed")).poll(wait_ms=2000)
     assert step.task_id == answer.json()["task_id"]
+
+
+async def _poll(executor: Executor, *, max_steps: int, wait_ms: int) -> list[Any]:
+    """A poll for at most `max_steps` steps."""
+    executor.seq += 1
+    reply = await executor.stub.PollSteps(
+        pb.PollStepsRequest(
+            executor_id=executor.executor_id,
+            connectors=["echo"],
+            max_steps=max_steps,
+            wait_ms=wait_ms,
+            session=executor.session,
+            poll_seq=executor.seq,
+        ),
+        metadata=executor.metadata,
+    )
+    return list(reply.steps)
+
+
+@contextlib.asynccontextmanager
+async def _claims_held(url: str, hand_off: HandOff) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Claims wait, for the life of the block, on the catalogue's revision (every claim reads
+    it; a submit made with no revision to check does not). Yields a wait until a poll takes
+    hand-offs while it claims, and a claim waits there."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await conn.execute("LOCK TABLE catalog_state IN ACCESS EXCLUSIVE MODE")
+
+        async def waited_on() -> bool:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks"
+                " WHERE relation = 'catalog_state'::regclass AND NOT granted"
+            )
+            return bool((await cur.fetchone() or (0,))[0])
+
+        async def a_claim_waits() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5.0
+            while not (hand_off.claiming and await waited_on()):
+                assert loop.time() < deadline, "no poll came to claim"
+                await asyncio.sleep(0.005)
+
+        try:
+            yield a_claim_waits
+        finally:
+            await conn.rollback()
+
+
+async def _submit(c: Components, intake: IntakeService | None = None) -> asyncio.Task[Submitted]:
+    """A submit, started, that checks no catalogue revision (so `_claims_held` holds no submit)."""
+    plan = parse_plan(PLAN, c.catalog)
+    return asyncio.create_task((intake or c.intake).submit(SubmitInput(plan=plan, request=PLAN)))
+
+
+def _waits_on_keys(url: str) -> int:
+    """How many statements wait for another transaction to end (on an Idempotency-Key)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted"
+            " AND database IS NULL AND pid IN (SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database())"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submit waits as long as a test holds the claim it offered a step to."""
+    monkeypatch.setattr(handoff, "CLAIM_WITHIN", 30.0)
+
+
+async def _claiming(
+    c: Components, http: Any, stub: Any, *, queued: int
+) -> tuple[Executor, list[str]]:
+    """A registered executor whose last claim drained the queue, and `queued` tasks submitted
+    since (their wake-up makes its next poll claim)."""
+    executor = await _registered(c, stub)
+    first = await http.post("/v1/tasks", json=PLAN)
+    (step,) = await executor.poll(wait_ms=50)  # nobody waited: it was queued, then claimed
+    assert step.task_id == first.json()["task_id"]
+    made = []
+    for _ in range(queued):
+        answer = await http.post("/v1/tasks", json=PLAN)
+        assert answer.json()["status"] == "pending"  # queued: no poll waits
+        made.append(answer.json()["task_id"])
+    return executor, made
+
+
+async def test_a_step_submitted_while_a_poll_claims_is_handed_to_that_poll(
+    postgres_url: str, plane: tuple[Components, Any, Any], patient: None
+) -> None:
+    """A submit finds no poll waiting, only one claiming: the step is handed to that poll in
+    the submit's own transaction, which commits once the claim has drained the queue."""
+    c, http, stub = plane
+    assert c.hand_off is not None
+    hand_off = c.hand_off
+    executor, (queued,) = await _claiming(c, http, stub, queued=1)
+    async with _claims_held(postgres_url, hand_off) as a_claim_waits:
+        poll = asyncio.create_task(_poll(executor, max_steps=3, wait_ms=5000))
+        await a_claim_waits()
+        assert hand_off.waiting == 0  # it claims (and its claim cannot end yet)
+        submit = await _submit(c)
+        await _until(
+            lambda: hand_off.promised == 1, "the submit promised the claiming poll nothing"
+        )
+        assert not submit.done()  # it commits once the claim is known to have drained the queue
+    made = await submit
+    assert made.status == "running"  # its step leased in its own transaction
+    handed = made.task_id
+
+    steps = await asyncio.wait_for(poll, 5)
+    assert sorted(s.task_id for s in steps) == sorted([queued, handed])
+    assert hand_off.handed == 1
+    leased = "agent_reach_steps_leased_total"
+    assert c.metrics.total(leased, path="handed_off") == 1
+    assert c.metrics.total(leased, path="claimed") == 2  # the first task, then `queued`
+    (step,) = (await c.queries.get(handed)).steps
+    assert (step.status, step.lease_owner) == ("running", _session_of(postgres_url, "waiting"))
+    for s in steps:
+        assert (await executor.report(s.lease, {"ok": True})).accepted, s.task_id
+
+
+async def test_a_claiming_poll_is_handed_no_more_than_its_limit_leaves_room_for(
+    postgres_url: str, plane: tuple[Components, Any, Any], patient: None
+) -> None:
+    """The claim asks for one step fewer than the poll may take, and room for one step is left
+    to submits made meanwhile: what the poll claims and is handed never exceeds its limit."""
+    c, http, stub = plane
+    assert c.hand_off is not None
+    hand_off = c.hand_off
+    executor, (queued,) = await _claiming(c, http, stub, queued=1)
+    # Submits in transactions of their own at once (none waits to share the held one's).
+    intake = IntakeService(work=c.work, hand_off=hand_off, group_open=4)
+    plan = parse_plan(PLAN, c.catalog)
+    keys = [f"k{i}" for i in range(3)]
+    blocker = await psycopg.AsyncConnection.connect(postgres_url)
+    try:
+        async with _claims_held(postgres_url, hand_off) as a_claim_waits:
+            poll = asyncio.create_task(_poll(executor, max_steps=2 + 1, wait_ms=5000))
+            await a_claim_waits()
+            held = await _submit(c, intake)
+            await _until(lambda: hand_off.promised == 1, "the submit promised the poll nothing")
+            # Three more, each held at its commit by an Idempotency-Key not yet committed
+            # elsewhere: offered the poll's room, they would be promised it too.
+            for key in keys:
+                await blocker.execute(
+                    "INSERT INTO idempotency_keys (principal, key, request_hash, task_id,"
+                    " created_at) VALUES ('anonymous', %s, 'x', 'elsewhere', now())",
+                    (key,),
+                )
+            later = [
+                asyncio.create_task(
+                    intake.submit(SubmitInput(plan=plan, request=PLAN, idempotency_key=key))
+                )
+                for key in keys
+            ]
+            await _until(
+                lambda: _waits_on_keys(postgres_url) == len(keys), "the later submits did not wait"
+            )
+            assert hand_off.promised == 1
+        steps = await asyncio.wait_for(poll, 5)
+        await blocker.rollback()  # the keys are free: the later submits commit
+    finally:
+        await blocker.close()
+    assert len(steps) <= 3
+    handed = (await held).task_id
+    assert sorted(s.task_id for s in steps) == sorted([queued, handed])
+    for task in later:
+        assert (await task).status == "pending"  # queued, as if no poll had been there
+    assert hand_off.handed == 1
+
+
+async def test_a_claim_that_takes_all_it_asked_for_refuses_a_step_submitted_meanwhile(
+    postgres_url: str, plane: tuple[Components, Any, Any], patient: None
+) -> None:
+    """A claim that leased all it asked for may have left older steps queued: a step submitted
+    during it is not handed to its poll ahead of them; the submit is made again, queued."""
+    c, http, stub = plane
+    assert c.hand_off is not None
+    hand_off = c.hand_off
+    executor, (oldest, older) = await _claiming(c, http, stub, queued=2)
+    async with _claims_held(postgres_url, hand_off) as a_claim_waits:
+        poll = asyncio.create_task(_poll(executor, max_steps=2, wait_ms=5000))  # claims one
+        await a_claim_waits()
+        submit = await _submit(c)
+        await _until(
+            lambda: hand_off.promised == 1, "the submit promised the claiming poll nothing"
+        )
+    (step,) = await asyncio.wait_for(poll, 5)
+    assert step.task_id == oldest
+    made = await submit
+    assert made.status == "pending"
+    assert hand_off.handed == 0
+    for task_id in (older, made.task_id):
+        assert [s.status for s in (await c.queries.get(task_id)).steps] == ["ready"]
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT count(*) FROM tasks").fetchone() == (4,)  # made once each
+
+
+async def test_a_submit_waits_for_a_claim_a_bounded_while_then_queues_its_step(
+    postgres_url: str, plane: tuple[Components, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that does not end soon (it waits for a connection the submit holds, say) does
+    not hold the submit: past CLAIM_WITHIN the step is queued instead, the submit made again."""
+    monkeypatch.setattr(handoff, "CLAIM_WITHIN", 0.05)
+    c, http, stub = plane
+    assert c.hand_off is not None
+    hand_off = c.hand_off
+    executor, (queued,) = await _claiming(c, http, stub, queued=1)
+    async with _claims_held(postgres_url, hand_off) as a_claim_waits:
+        poll = asyncio.create_task(_poll(executor, max_steps=3, wait_ms=5000))
+        await a_claim_waits()
+        made = await asyncio.wait_for(await _submit(c), 5)  # while the claim is still held
+        assert made.status == "pending"
+        assert not poll.done()
+    steps = await asyncio.wait_for(poll, 5)  # the claim, let go, finds both queued
+    assert sorted(s.task_id for s in steps) == sorted([queued, made.task_id])
+    assert hand_off.handed == 0

@@ -17,6 +17,15 @@ It happens only where a claim would lease that step at once, and in the same way
   steps is paused. A submit whose check fails raises `HandOffRefused`, having written nothing,
   and is made again without hand-off.
 
+A poll that claims after a wake-up, having found the queue empty before, takes a hand-off too
+while its claim runs: a submit made then would otherwise find no poll waiting and queue its step
+with a wake-up, whose claim would leave the next submit without a waiting poll in turn (one
+submitter at a time then never got out of that cycle). The claim leaves room for one step (it
+asks one fewer than the poll may take), and a submit that leases it a step waits, before its
+commit, for that claim to end (CLAIM_WITHIN at most): it commits only if the claim drained the
+queue (leased fewer steps than it asked), else older steps may still be queued, and it is made
+again without hand-off. Polls that wait are offered steps before polls that claim.
+
 A poller does not return while steps promised to it are in a transaction still running. If one
 is lost all the same (its poll was cancelled, the executor went away), the lease is the session's
 like any other: the heartbeat after that poll releases it, or the session's end does.
@@ -26,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import functools
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -43,25 +53,43 @@ from agent_reach_controller.tools.catalog import ToolSpec
 
 # How long a poller waits, at most, for the transactions that promised it steps to end.
 SETTLE_WITHIN = 10.0
+# How long a submit that leased a step to a claiming poll waits, at most, for that claim to end
+# (past it the step is queued instead: a claim waiting for a connection held by the submit would
+# otherwise never end).
+CLAIM_WITHIN = 1.0
 
 
 class HandOffRefused(Exception):
-    """A submit's hand-off found a poller's session ended or a tool paused: nothing was written."""
+    """A submit's hand-off found a poller's session ended, a tool paused or a claiming poll's
+    queue not drained: nothing was written."""
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
 class Waiter:
-    """A poll waiting on this replica for steps of its connectors."""
+    """A poll waiting (or claiming) on this replica for steps of its connectors."""
 
     session: Session
     connectors: frozenset[str]
-    limit: int
+    limit: int  # how many steps it may be handed
     poll_seq: int
     keys: tuple[str, ...]  # the wake-up counters it waits on
-    since: tuple[int, ...]  # their values when it found the queue empty
+    since: tuple[int, ...]  # their values when it found the queue empty (or began its claim)
     offered: list[StepRow] = field(default_factory=list)
     promised: int = 0  # steps leased to it in transactions not yet ended
     open: bool = True
+    # A poll claiming meanwhile: whether its claim drained the queue, once that claim has ended.
+    claim: asyncio.Future[bool] | None = None
+
+    @property
+    def claiming(self) -> bool:
+        """Whether it is a poll claiming meanwhile (not one waiting)."""
+        return self.claim is not None
+
+    def claimed(self, *, drained: bool) -> None:
+        """Its claim has ended: the submits that leased it steps meanwhile may commit if
+        `drained`, and are refused if not."""
+        if self.claim is not None and not self.claim.done():
+            self.claim.set_result(drained)
 
     def settled(self) -> bool:
         """Whether it has steps and none still on their way."""
@@ -108,7 +136,12 @@ class HandOff:
     @property
     def waiting(self) -> int:
         """How many polls wait here for steps now."""
-        return len(self._waiters)
+        return sum(not w.claiming for w in self._waiters)
+
+    @property
+    def claiming(self) -> int:
+        """How many polls take steps here while their claim runs."""
+        return sum(w.claiming for w in self._waiters)
 
     @property
     def promised(self) -> int:
@@ -119,7 +152,8 @@ class HandOff:
     async def offers_to(self, waiter: Waiter) -> AsyncIterator[Waiter]:
         """Offer steps to `waiter` for the life of the block; on leaving, wait (a bounded
         while) for those promised to it to arrive. A block that raises (its call was cancelled)
-        waits for nothing: what was promised is the session's to release."""
+        waits for nothing: what was promised is the session's to release. A claim the block
+        leaves without saying how it ended (`Waiter.claimed`) refuses what it was offered."""
         self._waiters.append(waiter)
         try:
             yield waiter
@@ -128,6 +162,7 @@ class HandOff:
             raise
         finally:
             self._waiters.remove(waiter)
+            waiter.claimed(drained=False)
         try:
             await self._settle(waiter)
         finally:
@@ -163,16 +198,7 @@ class HandOff:
             await new.set_task_status(task, TaskStatus.RUNNING, now=now)
         new.want_keys(step.id for step, _ in taken)
 
-        async def guard(conn: Connection) -> None:
-            claims.expect_hand_off(
-                conn,
-                sessions=[w.session.id for _, w in taken],
-                tools=[s.tool for s, _ in taken],
-                now=now,
-                refusal=HandOffRefused,
-            )
-
-        before_commit(conn, guard)
+        before_commit(conn, functools.partial(_expect_taken, taken=taken, now=now))
 
         async def deliver() -> None:
             for step, waiter in taken:
@@ -185,11 +211,13 @@ class HandOff:
         on_commit(conn, deliver)
 
     def _waiter_for(self, step: Mapping[str, Any]) -> Waiter | None:
-        """A poller that can take `step` and has seen no wake-up since it found nothing; the
-        one chosen goes to the back of the line."""
-        for i, waiter in enumerate(self._waiters):
+        """A poller that can take `step` and has seen no wake-up since it found nothing (or
+        began its claim), waiting ones first (they take it at once); the one chosen goes to the
+        back of the line."""
+        for waiter in sorted(self._waiters, key=lambda w: w.claiming):
             if waiter.takes(step) and self._notifier.snapshot(waiter.keys) == waiter.since:
-                self._waiters.append(self._waiters.pop(i))
+                self._waiters.remove(waiter)
+                self._waiters.append(waiter)
                 return waiter
         return None
 
@@ -200,6 +228,32 @@ class HandOff:
         nudge = asyncio.get_running_loop().create_task(self._notifier.nudge())
         self._nudges.add(nudge)
         nudge.add_done_callback(self._nudges.discard)
+
+
+async def _expect_taken(
+    conn: Connection, *, taken: Sequence[tuple[StepRow, Waiter]], now: datetime
+) -> None:
+    """The commit's guard: the steps go to their pollers only as a claim would lease them then
+    (services/handoff.py), else `HandOffRefused`."""
+    if not await _claims_drained({w for _, w in taken}):
+        raise HandOffRefused
+    claims.expect_hand_off(
+        conn,
+        sessions=[w.session.id for _, w in taken],
+        tools=[s.tool for s, _ in taken],
+        now=now,
+        refusal=HandOffRefused,
+    )
+
+
+async def _claims_drained(waiters: Iterable[Waiter]) -> bool:
+    """Whether the claims of those of `waiters` that were claiming all drained the queue, as
+    they said within CLAIM_WITHIN of now (a claim that fills what it asked for may have left
+    older steps queued: they go first)."""
+    running = [w.claim for w in waiters if w.claim is not None]
+    if running:
+        await asyncio.wait(running, timeout=CLAIM_WITHIN)
+    return all(claim.done() and claim.result() for claim in running)
 
 
 def _lease(step: StepRow, waiter: Waiter, now: datetime) -> StepChange:

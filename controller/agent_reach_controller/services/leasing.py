@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -94,6 +94,17 @@ class Drained:
         return self.due is None or self.due > datetime.now(UTC)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leased:
+    """What a claim's transaction leased, before the steps that may not run are dropped."""
+
+    steps: list[StepRow]
+    holder: str  # the leases' owner: the session, or the executor without one
+    at: datetime
+    due: datetime | None = None  # when the next deferred step becomes due
+    drained: bool = False  # leased fewer than asked, nothing governed: the queue looked empty
+
+
 class LeasingService:
     """The executor's side of taking work: poll, claim, heartbeat. Safe in every replica."""
 
@@ -136,14 +147,14 @@ class LeasingService:
         poll_seq: int = 0,
     ) -> list[StepRow]:
         """Lease up to `limit` ready steps now; empty when there are none."""
-        claimed, _, _ = await self._claim(
+        leased = await self._lease(
             executor_id=executor_id,
             connectors=connectors,
             limit=limit,
             session=session,
             poll_seq=poll_seq,
         )
-        return claimed
+        return await self._hand_out(leased.steps, holder=leased.holder, now=leased.at)
 
     def _claim_input(
         self,
@@ -180,7 +191,7 @@ class LeasingService:
             executor=session.executor_id,
         )
 
-    async def _claim(
+    async def _lease(
         self,
         *,
         executor_id: str,
@@ -188,14 +199,14 @@ class LeasingService:
         limit: int,
         session: Session | None = None,
         poll_seq: int = 0,
-    ) -> tuple[list[StepRow], datetime | None, bool]:
+    ) -> Leased:
         """One transaction: lease what is ready; say when the next deferred step is due, and
         whether the claim drained the queue (leased fewer than `limit`, no governance in play).
 
         A session that ended leases nothing (its heartbeat tells it to register again).
         """
         if limit <= 0 or not connectors:
-            return [], None, False
+            return Leased(steps=[], holder=executor_id, at=datetime.now(UTC))
         claim_of = functools.partial(
             self._claim_input,
             executor_id=executor_id,
@@ -238,10 +249,9 @@ class LeasingService:
                     due = await claims.next_due(conn, connectors, now=now)
                     paused = rules.pauses.values()
                     due = min([due, *paused] if due else paused, default=None)
-            if not claimed:
-                return [], due, drained
-            await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
-        return await self._hand_out(claimed, holder=claim.executor_id, now=claim.now), due, drained
+            if claimed:
+                await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
+        return Leased(steps=claimed, holder=claim.executor_id, at=now, due=due, drained=drained)
 
     def _ungoverned(self, connectors: Sequence[str]) -> list[str] | None:
         """The tools of these connectors if a claim may skip reading the catalogue revision and
@@ -267,9 +277,7 @@ class LeasingService:
             self._paused_until.clear()
         self._paused_until[tuple(connectors)] = max(pauses.values())
 
-    async def _claim_assuming(
-        self, claim: claims.ClaimInput, tools: Sequence[str]
-    ) -> tuple[list[StepRow], datetime | None, bool]:
+    async def _claim_assuming(self, claim: claims.ClaimInput, tools: Sequence[str]) -> Leased:
         """The ungoverned claim as one statement, its transaction's only one: it assumes this
         replica's catalogue is current and none of `tools` is paused, and the statement checks
         both (claims.AssumptionFailed when not, having leased nothing)."""
@@ -277,8 +285,10 @@ class LeasingService:
         async with self._db.transaction() as conn:
             claimed, due = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
         self.claim_paths["assumed"] += 1
-        handed = await self._hand_out(claimed, holder=claim.executor_id, now=claim.now)
-        return handed, due, len(claimed) < claim.limit
+        drained = len(claimed) < claim.limit
+        return Leased(
+            steps=claimed, holder=claim.executor_id, at=claim.now, due=due, drained=drained
+        )
 
     async def _hand_out(
         self, claimed: list[StepRow], *, holder: str, now: datetime, handed_off: bool = False
@@ -414,28 +424,49 @@ class LeasingService:
 
         An executor polls again as soon as it is handed steps. When its last claim drained the
         queue and no wake-up has come since, a claim now would lease nothing: the poll goes
-        straight to waiting (each wait is still capped by `recheck` and the next due step).
+        straight to waiting (each wait is still capped by `recheck` and the next due step). A
+        session's poll may be handed new steps while it waits, and while it claims again after
+        a wake-up (services/handoff.py).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(wait, 0.0), self.timings.max_poll_wait)
         keys = [ready_key(c) for c in connectors]
         holder = (session.id if session else executor_id, tuple(connectors))
         quiet = self._drained.pop(holder, None)
+        lease = functools.partial(
+            self._lease,
+            executor_id=executor_id,
+            connectors=connectors,
+            session=session,
+            poll_seq=poll_seq,
+        )
+        # A session's poll may be handed new steps as they are submitted here, while it waits
+        # or claims (services/handoff.py).
+        new_waiter = None
+        if session is not None and self._hand_off is not None:
+            new_waiter = functools.partial(
+                Waiter,
+                session=session,
+                connectors=frozenset(connectors),
+                poll_seq=poll_seq,
+                keys=tuple(keys),
+            )
+        looked_empty = quiet is not None  # its last look found the queue empty
         while True:
             since = self._notifier.snapshot(keys)
             if quiet is not None and quiet.since == since and quiet.still_quiet():
                 claimed: list[StepRow] = []
                 due, drained, empty = quiet.due, False, True
             else:
-                claimed, due, drained = await self._claim(
-                    executor_id=executor_id,
-                    connectors=connectors,
-                    limit=limit,
-                    session=session,
-                    poll_seq=poll_seq,
-                )
+                # A step submitted meanwhile may be handed to it too, if its last look found the
+                # queue empty (a first look may find a backlog: a claim that fills refuses it).
+                offers = None
+                if new_waiter is not None and looked_empty and limit > 1:
+                    offers = new_waiter(limit=1, since=since, claim=loop.create_future())
+                claimed, due, drained = await self._claim(lease, limit=limit, offers=offers)
                 empty = drained
             quiet = None
+            looked_empty = empty
             remaining = deadline - loop.time()
             if claimed or remaining <= 0:
                 if claimed and drained:
@@ -444,29 +475,44 @@ class LeasingService:
             pause = min(remaining, self.timings.recheck)
             if due is not None:
                 pause = min(pause, max(0.0, (due - datetime.now(UTC)).total_seconds()))
-            if not (empty and session is not None and self._hand_off is not None):
+            if not (empty and new_waiter is not None and self._hand_off is not None):
                 await self._notifier.wait(keys, since, within=pause)
                 continue
 
-            # The queue is empty for this poller: new steps may be handed to it as they are
-            # submitted here (services/handoff.py).
-            waiter = Waiter(
-                session=session,
-                connectors=frozenset(connectors),
-                limit=limit,
-                poll_seq=poll_seq,
-                keys=tuple(keys),
-                since=since,
-            )
-            async with self._hand_off.offers_to(waiter):
-                await self._notifier.wait(keys, since, within=pause, until=waiter.settled)
+            # The queue is empty for this poller: it waits to be handed steps.
+            waiting = new_waiter(limit=limit, since=since)
+            async with self._hand_off.offers_to(waiting):
+                await self._notifier.wait(keys, since, within=pause, until=waiting.settled)
             claimed = await self._hand_out(
-                waiter.offered, holder=session.id, now=datetime.now(UTC), handed_off=True
+                waiting.offered, holder=waiting.session.id, now=datetime.now(UTC), handed_off=True
             )
             if claimed:
                 if self._notifier.snapshot(keys) == since:  # still nothing queued for it
                     self._remember_drained(holder, Drained(since=since, due=due))
                 return claimed
+
+    async def _claim(
+        self, lease: Callable[..., Awaitable[Leased]], *, limit: int, offers: Waiter | None
+    ) -> tuple[list[StepRow], datetime | None, bool]:
+        """Claim up to `limit` steps: those that may run, when the next deferred step is due,
+        and whether the claim drained the queue.
+
+        With `offers` (a claiming waiter, room for one step), the claim asks for one step fewer
+        while a step submitted meanwhile may be handed to this poll (services/handoff.py): what
+        it claims and what it is handed never exceed `limit`.
+        """
+        if offers is None or self._hand_off is None:
+            leased = await lease(limit=limit)
+            claimed = await self._hand_out(leased.steps, holder=leased.holder, now=leased.at)
+            return claimed, leased.due, leased.drained
+        async with self._hand_off.offers_to(offers):
+            leased = await lease(limit=limit - 1)
+            offers.claimed(drained=leased.drained)
+        claimed = await self._hand_out(leased.steps, holder=leased.holder, now=leased.at)
+        handed = await self._hand_out(
+            offers.offered, holder=leased.holder, now=datetime.now(UTC), handed_off=True
+        )
+        return claimed + handed, leased.due, leased.drained
 
     def _remember_drained(self, holder: tuple[str, tuple[str, ...]], drained: Drained) -> None:
         if len(self._drained) >= _DRAINED_KEPT:
