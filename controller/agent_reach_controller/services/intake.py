@@ -162,7 +162,7 @@ class IntakeService:
         try:
             async with self._work.begin() as tx:
                 made = await self._add(tx, data, hand_off=True)
-        except HandOffRefused:  # a poller's session ended, or a tool was paused: queue it
+        except HandOffRefused:  # a session ended, a tool paused, a claim left older steps: queue
             async with self._work.begin() as tx:
                 made = await self._add(tx, data, hand_off=False)
         return made.submitted()
