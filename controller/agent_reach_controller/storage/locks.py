@@ -3,7 +3,6 @@ replicas."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ async def locked_reads(
     conn: Connection, keys: Sequence[int]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(task rows, step rows) of these steps, the tasks locked first, in one round trip; each
-    step row also says how many steps its task has (`task_steps`).
+    step row also says whether every step of its task is among `keys` (`whole`).
 
     A pipeline runs its statements in order, so the steps are read once the locks are held:
     what the previous holder committed is visible.
@@ -82,11 +81,10 @@ async def lock_steps(
         locked = await _lock_tasks_of_steps(conn, wanted)
         return await load_tasks(conn, locked), await load_steps_by_key(conn, wanted), set()
     task_rows, step_rows = await locked_reads(conn, wanted)
-    read = Counter(r["task_id"] for r in step_rows)
     return (
         {r["task_id"]: TaskRow.from_mapping(r) for r in task_rows},
         {r["id"]: StepRow.from_mapping(r) for r in step_rows},
-        {r["task_id"] for r in step_rows if r["task_steps"] == read[r["task_id"]]},
+        {r["task_id"] for r in step_rows if r["whole"]},
     )
 
 
