@@ -12,6 +12,7 @@ from agent_reach_controller.planning.plan import parse_plan
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.intake import IdempotencyConflictError, SubmitInput
 from tests.integration.stack import components_for, failed, ok, submit, write_tools
+from tests.integration.test_unit_of_work import WIDE
 
 ONE_STEP = {"steps": [{"step_id": "a", "tool": "echo.say", "args": {}}]}
 
@@ -359,20 +360,8 @@ async def test_a_failed_step_tries_its_tools_fallback(database_url: str, tmp_pat
 async def test_a_step_waits_for_every_dependency_and_reads_each_output(
     database_url: str, tmp_path: Path
 ) -> None:
-    body = {
-        "steps": [
-            {"step_id": "a", "tool": "echo.say", "args": {}},
-            {"step_id": "b", "tool": "echo.say", "args": {}},
-            {
-                "step_id": "c",
-                "tool": "echo.say",
-                "depends_on": ["a", "b"],
-                "args": {"text": "$a.output.word", "n": "$b.output.n"},
-            },
-        ]
-    }
     async with components_for(database_url, write_tools(tmp_path)) as c:
-        view = await c.queries.get(await submit(c, body))
+        view = await c.queries.get(await submit(c, WIDE))
         a, b = await c.leasing.claim(executor_id="x", connectors=["echo"], limit=5)
         await c.reporting.report(executor_id="x", results=[ok(a, {"word": "hi"})])
         assert (await c.queries.get(view.task.task_id)).steps[2].status is StepStatus.BLOCKED
