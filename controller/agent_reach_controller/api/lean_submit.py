@@ -5,7 +5,7 @@ layers, and the framework resolves the route's dependencies on every request (th
 query model, two headers, the three security schemes the OpenAPI declares, the app's own checks):
 about a sixth of the controller's CPU per task under load, more than validating and storing the
 task. `LeanSubmit` sits in front of the app's middleware stack and serves the common submit itself,
-with the route's own code (`authenticate`, `take_submit`, `accepted_response`) and, for every
+with the route's own code (`key_principal`, `take_submit`, `accepted_response`) and, for every
 error, the app's own exception handlers: the same answers, byte for byte.
 
 It serves a submit only when nothing the framework adds could change the answer, and hands every
