@@ -103,9 +103,26 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 5))
     def claim(self, limit: int) -> None:
+        self.run(self._all_due())
         self.held.extend(
             self.run(self.c.leasing.claim(executor_id="e", connectors=["echo"], limit=limit))
         )
+
+    async def _all_due(self) -> None:
+        """Wait until every ready step is due (a retry waits out a 10 ms backoff first). What a
+        claim leases then depends on the rules drawn, not on how fast they ran: Hypothesis
+        replays an example expecting the same rules enabled at each step."""
+        async with self.c.db.transaction() as conn:
+            latest = await conn.scalar(
+                sa.select(sa.func.max(steps.c.not_before)).where(steps.c.status == "ready")
+            )
+        if latest is None:
+            return
+        due = latest if latest.tzinfo else latest.replace(tzinfo=UTC)
+        wait = (due - datetime.now(UTC)).total_seconds()
+        assert wait < 5, f"a ready step is due only in {wait:.1f} s"
+        if wait > 0:
+            await asyncio.sleep(wait + 0.001)  # until the time it is due, not a guess
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "retryable", "fatal", "ambiguous"]))
