@@ -215,7 +215,9 @@ TOOL_NAME = r"^[a-zA-Z][a-zA-Z0-9_.-]{0,127}$"
 
 def _rfc3339(value: Any) -> Any:
     # Pydantic also takes Unix times, bare dates and naive times: none says one instant.
-    if isinstance(value, str) and not RFC3339.fullmatch(value):
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
         raise ValueError("expected an RFC 3339 date-time, e.g. 2026-12-05T08:00:00Z")
     return value
 
