@@ -4,6 +4,7 @@ every operation that declares an API key refuses a request without one or with a
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -30,6 +31,10 @@ from tests.integration.stack import api_client, components_for, key_for, write_t
 
 T = TypeVar("T")
 MAX_EXAMPLES = 30
+# Each commit draws the same examples, so a run that passed here passes in CI: Schemathesis's
+# negative mode still has false positives at random (a one-element array sent as a valid string).
+# REACH_SCHEMATHESIS_RANDOM=1 draws fresh examples, to explore.
+DERANDOMIZE = os.environ.get("REACH_SCHEMATHESIS_RANDOM") != "1"
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -118,6 +123,7 @@ def test_the_published_openapi_holds_under_schemathesis(
                 max_examples=MAX_EXAMPLES,
                 deadline=None,
                 database=None,
+                derandomize=DERANDOMIZE,
                 suppress_health_check=list(HealthCheck),
             )
             @given(case=operation.as_strategy(generation_mode=mode))
