@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_reach.states import StepStatus, Transition, sources, target
 from agent_reach_controller.domain.records import StepRow
 from agent_reach_controller.storage import hot, schema
+from agent_reach_controller.storage.commit import tight
 from agent_reach_controller.storage.engine import (
     Connection,
     closing_statement,
@@ -171,26 +172,30 @@ LEFT JOIN started ON started.task_id = leased.task_id
 _LEASED = hot.columns(schema.steps, "steps.")
 
 
-CLAIM_READY = _CLAIM.format(
-    owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="", leased_columns=_LEASED
+CLAIM_READY = tight(
+    _CLAIM.format(
+        owners=_OWNERS, fair=_FAIR, guard="", guarded="", fresh="", leased_columns=_LEASED
+    )
 )
 
 
 # The same claim when the claimer's catalogue is assumed current and its tools unpaused: it
 # leases nothing unless the catalogue is still at %(revision)s and none of %(tools)s is paused,
 # and says which (`fresh`), so the claimer needs no read of its own before it.
-CLAIM_READY_GUARDED = _CLAIM.format(
-    leased_columns=_LEASED,
-    owners=_OWNERS,
-    fair=_FAIR,
-    guard="""
+CLAIM_READY_GUARDED = tight(
+    _CLAIM.format(
+        leased_columns=_LEASED,
+        owners=_OWNERS,
+        fair=_FAIR,
+        guard="""
 guard AS (
     SELECT (SELECT revision FROM catalog_state WHERE id = 1) = %(revision)s
        AND NOT EXISTS (SELECT 1 FROM tool_pauses
                        WHERE until > %(now)s AND tool = ANY(%(tools)s::text[])) AS fresh
 ),""",
-    guarded=" AND (SELECT fresh FROM guard)",
-    fresh=", (SELECT fresh FROM guard) AS fresh",
+        guarded=" AND (SELECT fresh FROM guard)",
+        fresh=", (SELECT fresh FROM guard) AS fresh",
+    )
 )
 
 

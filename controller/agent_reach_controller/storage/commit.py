@@ -115,6 +115,18 @@ class CommitStatement:
         return refusal() if refusal is not None else None
 
 
+# psycopg finds a statement's placeholders afresh on every execute when its text is longer than
+# this (it caches the parse of shorter ones only: `psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`),
+# a regex pass over the whole text each time. The claim's text was just over it.
+PARSE_CACHED_CHARS = 4096
+
+
+def tight(sql: str) -> str:
+    """`sql` without its indentation and blank lines, to stay under PARSE_CACHED_CHARS. Lines stay
+    lines, so a `--` comment still ends where it did (no literal of ours spans lines)."""
+    return "\n".join(line.strip() for line in sql.splitlines() if line.strip())
+
+
 @functools.lru_cache(maxsize=256)
 def compose(parts: tuple[tuple[str, str | None], ...]) -> str:
     """`WITH q0 AS (…), q1 AS (…) SELECT (SELECT value FROM q1), …`: one text per sequence of
@@ -127,7 +139,7 @@ def compose(parts: tuple[tuple[str, str | None], ...]) -> str:
         queries.append(f"q{i} AS ({renamed})")
         if value is not None:
             values.append(f"(SELECT {value} FROM q{i})")
-    return f"WITH {', '.join(queries)} SELECT {', '.join(values) or 'NULL'}"
+    return tight(f"WITH {', '.join(queries)} SELECT {', '.join(values) or 'NULL'}")
 
 
 def json_rows(rows: Any) -> str:
