@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench bench-http bench-scale bench-memory services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http bench-grpc bench-scale bench-memory services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-faults  fault injection on real processes (AGENT_REACH_FAULTS_PROFILE=long)"
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
+	@echo "make bench-grpc  grpc.aio's server CPU per unary call and per stream message"
 	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
 	@echo "make bench-memory  memory search's precision@k and recall@k on a labelled set"
 	@echo "make tools   install promtool and Chromium (Debian packages) if missing"
@@ -105,6 +106,10 @@ bench: setup
 # The http connector's calls/s to a local downstream, SSRF guard on (median of 3).
 bench-http: setup
 	$(PY) -m tests.bench.http_connector
+
+# grpc.aio's server CPU per exchange: a unary call against a message on one bidi stream.
+bench-grpc: setup
+	$(PY) -m tests.bench.grpc_calls
 
 # Steps/s and controller CPU per step with 10 k, 100 k and 1 M steps queued behind them.
 bench-scale: setup
