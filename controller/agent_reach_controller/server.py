@@ -142,6 +142,7 @@ async def running_controller(
         # So do `?wait=` requests: they answer with the task as it stands (202, Location).
         await components.queries.close()
         http_server.should_exit = True
+        await service.close_streams(grace=5)
         await grpc_server.stop(grace=5)
         with contextlib.suppress(asyncio.CancelledError):
             await http_task

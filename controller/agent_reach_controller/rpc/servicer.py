@@ -27,6 +27,7 @@ from agent_reach_controller.rpc.convert import (
     result_from_proto,
     to_ms,
 )
+from agent_reach_controller.rpc.exchange import Aborted, MessageContext, Streams
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.leasing import LeasingService
 from agent_reach_controller.services.registry import ToolRegistry
@@ -147,6 +148,7 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
         self._sessions: SessionService = parts.sessions
         self._auth = auth
         self._peer_pool = peer_pool
+        self._streams = Streams()
 
     # -- authentication ---------------------------------------------------------------------------
 
@@ -336,6 +338,34 @@ class ExecutorService(pb_grpc.ExecutorServiceServicer):  # type: ignore[misc]
                 for a in acks
             ]
         )
+
+    async def Exchange(self, requests: Any, context: Any) -> None:
+        """The three calls above as messages on one stream (rpc/exchange.py)."""
+        await self._streams.serve(requests, context, self._answer)
+
+    async def _answer(
+        self, message: pb.ExecutorMessage, context: MessageContext
+    ) -> pb.ControllerMessage:
+        kind = message.WhichOneof("call")
+        if kind == "poll":
+            return pb.ControllerMessage(
+                id=message.id, poll=await self.PollSteps(message.poll, context)
+            )
+        if kind == "heartbeat":
+            return pb.ControllerMessage(
+                id=message.id, heartbeat=await self.Heartbeat(message.heartbeat, context)
+            )
+        if kind == "report":
+            return pb.ControllerMessage(
+                id=message.id, report=await self.ReportResults(message.report, context)
+            )
+        raise Aborted(
+            grpc.StatusCode.INVALID_ARGUMENT, "a message carries one of poll, heartbeat, report"
+        )
+
+    async def close_streams(self, grace: float) -> None:
+        """This controller is stopping: every stream answers what it has and ends."""
+        await self._streams.close(grace)
 
 
 def _bearer(context: Any) -> str | None:

@@ -193,3 +193,39 @@ class ReportResultsResponse(_message.Message):
     ACKS_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[ResultAck]
     def __init__(self, acks: _Optional[_Iterable[_Union[ResultAck, _Mapping]]] = ...) -> None: ...
+
+class ExecutorMessage(_message.Message):
+    __slots__ = ("id", "timeout_ms", "poll", "heartbeat", "report")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_ms: int
+    poll: PollStepsRequest
+    heartbeat: HeartbeatRequest
+    report: ReportResultsRequest
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., poll: _Optional[_Union[PollStepsRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., report: _Optional[_Union[ReportResultsRequest, _Mapping]] = ...) -> None: ...
+
+class ControllerMessage(_message.Message):
+    __slots__ = ("id", "poll", "heartbeat", "report", "status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POLL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    poll: PollStepsResponse
+    heartbeat: HeartbeatResponse
+    report: ReportResultsResponse
+    status: CallStatus
+    def __init__(self, id: _Optional[int] = ..., poll: _Optional[_Union[PollStepsResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., report: _Optional[_Union[ReportResultsResponse, _Mapping]] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
+
+class CallStatus(_message.Message):
+    __slots__ = ("code", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class ExecutorServiceStub:
                 request_serializer=agent__reach_dot_v1_dot_executor__pb2.ReportResultsRequest.SerializeToString,
                 response_deserializer=agent__reach_dot_v1_dot_executor__pb2.ReportResultsResponse.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_stream(
+                '/agent_reach.v1.ExecutorService/Exchange',
+                request_serializer=agent__reach_dot_v1_dot_executor__pb2.ExecutorMessage.SerializeToString,
+                response_deserializer=agent__reach_dot_v1_dot_executor__pb2.ControllerMessage.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -87,6 +92,17 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """PollSteps, Heartbeat and ReportResults as messages on one stream, answered in any order and
+        matched by id. Credentials go in the stream's metadata and each message's session, as for
+        the unary calls; a refused message answers its error and leaves the stream open. A stopping
+        controller answers the messages it has and ends the stream (status OK): open another.
+        A controller that predates Exchange answers UNIMPLEMENTED: use the unary calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +125,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.ReportResults,
                     request_deserializer=agent__reach_dot_v1_dot_executor__pb2.ReportResultsRequest.FromString,
                     response_serializer=agent__reach_dot_v1_dot_executor__pb2.ReportResultsResponse.SerializeToString,
+            ),
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=agent__reach_dot_v1_dot_executor__pb2.ExecutorMessage.FromString,
+                    response_serializer=agent__reach_dot_v1_dot_executor__pb2.ControllerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +240,33 @@ class ExecutorService:
             '/agent_reach.v1.ExecutorService/ReportResults',
             agent__reach_dot_v1_dot_executor__pb2.ReportResultsRequest.SerializeToString,
             agent__reach_dot_v1_dot_executor__pb2.ReportResultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/agent_reach.v1.ExecutorService/Exchange',
+            agent__reach_dot_v1_dot_executor__pb2.ExecutorMessage.SerializeToString,
+            agent__reach_dot_v1_dot_executor__pb2.ControllerMessage.FromString,
             options,
             channel_credentials,
             insecure,
