@@ -99,6 +99,14 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
         "--pollers", type=int, help="long polls kept open at once (AGENT_REACH_EXECUTOR_POLLERS)"
     )
     p.add_argument(
+        "--unary",
+        action="store_const",
+        const=False,
+        dest="stream",
+        help="a unary call per poll, heartbeat and report instead of messages on one stream "
+        "(AGENT_REACH_EXECUTOR_STREAM=false)",
+    )
+    p.add_argument(
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (AGENT_REACH_EXECUTOR_METRICS)",

@@ -109,6 +109,7 @@ def executor(args: argparse.Namespace) -> int:
         "controller",
         "slots",
         "pollers",
+        "stream",
         "metrics",
         "token",
         "tls_ca",

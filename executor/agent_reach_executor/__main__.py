@@ -47,6 +47,7 @@ async def run_executor(
             tls=_tls(settings),
             reconnect_initial=settings.reconnect_initial,
             reconnect_maximum=settings.reconnect_maximum,
+            stream=settings.stream,
         ) as client:
             runner = StepRunner(hosted, default_timeout_s=settings.default_step_timeout)
             worker = Worker(

@@ -17,6 +17,7 @@ import grpc
 from agent_reach.addresses import split_address
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
+from agent_reach_executor.exchange import FIELDS, CallFailed, StreamCalls, StreamUnsupported
 
 # The largest message either side accepts (the controller's server uses the same limit).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -323,7 +324,7 @@ class ControllerClient:
     Use as an async context manager (or call `close`) to release the channel.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the channel's options, all by keyword
         self,
         target: str,
         *,
@@ -332,6 +333,7 @@ class ControllerClient:
         tls: Tls | None = None,
         reconnect_initial: float = 0.1,
         reconnect_maximum: float = 5.0,
+        stream: bool = True,
     ) -> None:
         self.executor_id = executor_id
         # The pool token goes with every call; the session credential, once registered.
@@ -364,6 +366,14 @@ class ControllerClient:
             else grpc.aio.insecure_channel(channel_to, options=options)
         )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        # Polls, heartbeats and reports go as messages on one stream (exchange.py), unless told
+        # not to or the controller has none.
+        self._stream = StreamCalls(self._stub, self._metadata) if stream else None
+
+    @property
+    def streaming(self) -> bool:
+        """Whether calls after Register go on the Exchange stream (else unary calls)."""
+        return self._stream is not None
 
     async def __aenter__(self) -> Self:
         return self
@@ -377,6 +387,8 @@ class ControllerClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
         await self._channel.close()
 
     async def register(
@@ -442,6 +454,21 @@ class ControllerClient:
         return [ack_from_proto(ack) for ack in reply.acks]
 
     async def _call(self, method: str, request: Any, deadline_s: float) -> Any:
+        stream = self._stream
+        if stream is not None and method in FIELDS:
+            try:
+                return await stream.call(method, request, deadline_s)
+            except CallFailed as failed:
+                raise ControllerError(
+                    method,
+                    failed.code.name,
+                    failed.details,
+                    transient=failed.code in _TRANSIENT_CODES,
+                ) from None
+            except StreamUnsupported:
+                if self._stream is stream:  # an older controller: unary calls from now on
+                    self._stream = None
+                    await stream.close()
         try:
             return await getattr(self._stub, method)(
                 request, timeout=deadline_s, metadata=self._metadata

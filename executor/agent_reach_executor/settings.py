@@ -54,6 +54,11 @@ class ExecutorSettings(BaseSettings):
         description="Long polls kept open at once, sharing the free slots: while one answer "
         "travels back, another poll waits, ready to be handed the next step.",
     )
+    stream: bool = Field(
+        default=True,
+        description="Send polls, heartbeats and reports as messages on one Exchange stream "
+        "(cheaper than a call each); false: unary calls, as before 0.2.",
+    )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."
     )

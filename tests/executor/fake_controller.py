@@ -15,6 +15,7 @@ import grpc
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
 from agent_reach_connectors.base import ToolCall
+from agent_reach_controller.rpc.exchange import Streams
 
 Key = tuple[int, int]  # (step_key, attempt)
 
@@ -48,6 +49,11 @@ class FakeController:
     reject: dict[Key, str] = field(default_factory=dict)  # reports refused with this reason
     held: dict[int, asyncio.Event] = field(default_factory=dict)  # poll_seq -> answered once set
     port: int = 0
+    # Answers the Exchange stream (as the controller does); False: UNIMPLEMENTED, as a controller
+    # older than the stream would.
+    stream: bool = True
+    exchanges: int = 0  # Exchange streams opened
+    unary_calls: int = 0  # PollSteps, Heartbeat and ReportResults as unary calls
     _server: Any = None
     _next_key: int = 1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -165,6 +171,7 @@ class FakeController:
 class _Servicer(pb_grpc.ExecutorServiceServicer):
     def __init__(self, fake: FakeController) -> None:
         self._fake = fake
+        self._streams = Streams()  # the controller's own stream handling
 
     async def Register(self, request, context):
         self._fake.registrations.append(request)
@@ -175,13 +182,31 @@ class _Servicer(pb_grpc.ExecutorServiceServicer):
         )
 
     async def PollSteps(self, request, context):
+        self._fake.unary_calls += 1
         return await self._fake.poll(request)
 
     async def Heartbeat(self, request, context):
+        self._fake.unary_calls += 1
         return self._fake.heartbeat(request)
 
     async def ReportResults(self, request, context):
+        self._fake.unary_calls += 1
         return self._fake.report(request)
+
+    async def Exchange(self, requests, context):
+        self._fake.exchanges += 1
+        if not self._fake.stream:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        await self._streams.serve(requests, context, self._answer)
+
+    async def _answer(self, message: pb.ExecutorMessage, _context: Any) -> pb.ControllerMessage:
+        kind = message.WhichOneof("call")
+        if kind == "poll":
+            return pb.ControllerMessage(id=message.id, poll=await self._fake.poll(message.poll))
+        if kind == "heartbeat":
+            reply = self._fake.heartbeat(message.heartbeat)
+            return pb.ControllerMessage(id=message.id, heartbeat=reply)
+        return pb.ControllerMessage(id=message.id, report=self._fake.report(message.report))
 
 
 # -- connectors the executor under test runs ------------------------------------------------------

@@ -1,0 +1,126 @@
+"""The client's Exchange stream (agent_reach_executor/exchange.py) against a real gRPC fake that
+serves it with the controller's own stream handling: what travels on it, what happens when it
+breaks, and the way back to unary calls for a controller that has no stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent_reach_executor.client import ControllerClient, ControllerError, LeaseKey, StepResult
+from tests.executor.fake_controller import FakeController
+from tests.executor.test_worker import wait_until
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeController]:
+    controller = FakeController(max_poll_wait_ms=150)
+    await controller.start()
+    yield controller
+    await controller.stop()
+
+
+async def _one_of_each(client: ControllerClient, fake: FakeController) -> None:
+    key = fake.enqueue(connector="echo", args={"n": 1})
+    (step,) = await client.poll_steps(["echo"], max_steps=5, wait_s=0.1, deadline_s=2)
+    assert (step.lease.step_key, step.lease.attempt) == key
+    beat = await client.heartbeat([step.lease], deadline_s=2)
+    assert beat.extended == {step.lease}
+    result = StepResult(
+        lease=step.lease, output_json=b'{"ok": 1}', started_at_ms=1, finished_at_ms=2
+    )
+    (ack,) = await client.report_results([result], deadline_s=2)
+    assert ack.accepted
+    assert fake.results[key].output_json == b'{"ok": 1}'
+
+
+async def _reachable(client: ControllerClient, within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            await client.heartbeat([], deadline_s=1)
+            return
+        except ControllerError as exc:
+            if not exc.transient:
+                raise
+            assert asyncio.get_running_loop().time() < deadline, "the controller stayed away"
+            await asyncio.sleep(0.05)
+
+
+async def test_polls_heartbeats_and_reports_travel_on_one_stream(fake: FakeController) -> None:
+    async with ControllerClient(fake.target, executor_id="x") as client:
+        await client.register(["echo"], slots=1, version="0", deadline_s=2)
+        await _one_of_each(client, fake)
+        await _one_of_each(client, fake)
+        assert client.streaming
+    assert (fake.exchanges, fake.unary_calls) == (1, 0)
+
+
+async def test_unary_calls_when_told(fake: FakeController) -> None:
+    async with ControllerClient(fake.target, executor_id="x", stream=False) as client:
+        await _one_of_each(client, fake)
+    assert (fake.exchanges, fake.unary_calls) == (0, 3)
+
+
+async def test_a_controller_without_the_stream_gets_unary_calls(fake: FakeController) -> None:
+    fake.stream = False  # answers Exchange UNIMPLEMENTED, as a release before it would
+    async with ControllerClient(fake.target, executor_id="x") as client:
+        await _one_of_each(client, fake)
+        await _one_of_each(client, fake)
+        assert not client.streaming
+    assert (fake.exchanges, fake.unary_calls) == (1, 6)  # asked once, then never again
+
+
+async def test_calls_in_flight_when_the_stream_breaks_fail_transient_and_the_next_opens_another(
+    fake: FakeController,
+) -> None:
+    fake.held[1] = asyncio.Event()  # poll 1 stays open until the controller goes
+    async with ControllerClient(fake.target, executor_id="x") as client:
+        poll = asyncio.create_task(
+            client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=10, poll_seq=1)
+        )
+        await wait_until(lambda: bool(fake.polls))
+        port = fake.port
+        await fake.stop()
+        with pytest.raises(ControllerError) as caught:
+            await asyncio.wait_for(poll, 5)
+        assert (caught.value.method, caught.value.transient) == ("PollSteps", True)
+        await fake.start(port)
+        await _reachable(client)  # the channel reconnects, as a worker's retries would wait
+        await _one_of_each(client, fake)
+        assert client.streaming
+    assert fake.exchanges >= 2
+    assert fake.unary_calls == 0
+
+
+async def test_a_call_past_its_deadline_fails_and_the_stream_carries_on(
+    fake: FakeController,
+) -> None:
+    fake.held[7] = asyncio.Event()  # poll 7 is never answered
+    async with ControllerClient(fake.target, executor_id="x") as client:
+        with pytest.raises(ControllerError) as caught:
+            await client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=0.3, poll_seq=7)
+        assert (caught.value.code, caught.value.transient) == ("DEADLINE_EXCEEDED", True)
+        await _one_of_each(client, fake)
+        fake.held[7].set()
+    assert (fake.exchanges, fake.unary_calls) == (1, 0)
+
+
+async def test_answers_are_matched_by_id_whatever_their_order(fake: FakeController) -> None:
+    """A poll held open answers after the heartbeat and report sent behind it."""
+    fake.held[1] = gate = asyncio.Event()
+    key = fake.enqueue(connector="echo")
+    async with ControllerClient(fake.target, executor_id="x") as client:
+        poll = asyncio.create_task(
+            client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=5, poll_seq=1)
+        )
+        await wait_until(lambda: bool(fake.polls))
+        lease = LeaseKey(step_key=key[0], attempt=key[1])
+        beat = await client.heartbeat([lease], deadline_s=2)
+        assert beat.lost == {lease}  # not leased yet: the held poll has not taken it
+        gate.set()
+        (step,) = await asyncio.wait_for(poll, 5)
+        assert step.lease == lease
+    assert fake.exchanges == 1
