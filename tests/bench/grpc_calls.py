@@ -3,7 +3,9 @@ against a message each way on one bidi stream (the choice behind "one stream per
 
 A bare echo server (no proto, no interceptors: gRPC's own cost only) runs in its own process on
 uvloop, as the controller does, on 127.0.0.1. One client sends a 200-byte payload and waits for
-its echo, N times as unary calls, then N times as a write and a read on one stream. The server's
+its echo, N times as unary calls, then N times as a write and a read on one stream, then N times
+as a call on the project's own Exchange stream (`rpc/exchange.py` serving, the executor's
+`exchange.py` calling: each message answered by its own task, matched by id). The server's
 CPU (all its threads, from /proc) per exchange and the exchanges per second are printed as
 medians of the repeats. Sizes: AGENT_REACH_BENCH_GRPC_CALLS (default 4000),
 AGENT_REACH_BENCH_REPEATS (3).
@@ -23,6 +25,9 @@ from typing import Any
 import grpc
 import uvloop
 
+from agent_reach.v1 import executor_pb2 as pb
+from agent_reach_controller.rpc.exchange import MessageContext, Streams
+from agent_reach_executor.exchange import StreamCalls
 from tests.bench.machine import cpu_model, cpu_seconds, git_commit
 
 ADDRESS = "127.0.0.1:18799"
@@ -38,11 +43,24 @@ async def _serve() -> None:
         async for request in requests:
             yield request
 
+    async def answer(message: pb.ExecutorMessage, _context: MessageContext) -> pb.ControllerMessage:
+        return pb.ControllerMessage(id=message.id, heartbeat=pb.HeartbeatResponse())
+
+    streams = Streams()
+
+    async def exchange(requests: AsyncIterator[Any], context: Any) -> None:
+        await streams.serve(requests, context, answer)
+
     handler = grpc.method_handlers_generic_handler(
         "bench.Echo",
         {
             "Unary": grpc.unary_unary_rpc_method_handler(unary),
             "Stream": grpc.stream_stream_rpc_method_handler(stream),
+            "Exchange": grpc.stream_stream_rpc_method_handler(
+                exchange,
+                request_deserializer=pb.ExecutorMessage.FromString,
+                response_serializer=pb.ControllerMessage.SerializeToString,
+            ),
         },
     )
     server = grpc.aio.server()
@@ -65,7 +83,9 @@ async def _measure(server_pid: int, calls: int, repeats: int) -> Figures:
         stream = channel.stream_stream("/bench.Echo/Stream")
         for _ in range(WARM_UP):
             await unary(PAYLOAD)
-        figures: Figures = {"unary call": [], "stream message": []}
+        exchange = StreamCalls(_ExchangeStub(channel), None)
+        heartbeat = pb.HeartbeatRequest(executor_id="bench", session="x" * 150)
+        figures: Figures = {"unary call": [], "stream message": [], "Exchange call": []}
         for _ in range(repeats):
             cpu, start = cpu_seconds(server_pid), time.perf_counter()
             for _ in range(calls):
@@ -78,7 +98,21 @@ async def _measure(server_pid: int, calls: int, repeats: int) -> Figures:
                 await call.read()
             figures["stream message"].append(_figure(server_pid, cpu, start, calls))
             await call.done_writing()
+            cpu, start = cpu_seconds(server_pid), time.perf_counter()
+            for _ in range(calls):
+                await exchange.call("Heartbeat", heartbeat, 10)
+            figures["Exchange call"].append(_figure(server_pid, cpu, start, calls))
+        await exchange.close()
         return figures
+
+
+class _ExchangeStub:
+    def __init__(self, channel: Any) -> None:
+        self.Exchange = channel.stream_stream(
+            "/bench.Echo/Exchange",
+            request_serializer=pb.ExecutorMessage.SerializeToString,
+            response_deserializer=pb.ControllerMessage.FromString,
+        )
 
 
 def _figure(pid: int, cpu_before: float, start: float, calls: int) -> tuple[float, float]:
