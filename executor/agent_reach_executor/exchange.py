@@ -98,10 +98,12 @@ class _Stream:
                 try:
                     async with self._writing:
                         await self._call.write(message)
-                except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-                    pass  # the stream broke: the reader says how, to every message in flight
+                except Exception:
+                    # The stream broke: its reader says how (UNIMPLEMENTED sends the client back
+                    # to unary calls), to this message and every other in flight.
+                    self._call.cancel()
                 if self.failure is not None and not answered.done():
-                    raise self.failure  # it broke before this message was waited for
+                    raise self.failure  # the reader ended before this message was in flight
                 return await answered
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
@@ -120,7 +122,7 @@ class _Stream:
                 waiting = self._pending.get(reply.id)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(reply)
-            self.failure = CallFailed(
+            failure: Exception = CallFailed(
                 grpc.StatusCode.UNAVAILABLE, "the controller ended the stream"
             )
         except grpc.aio.AioRpcError as exc:
@@ -128,13 +130,14 @@ class _Stream:
             if code == grpc.StatusCode.UNIMPLEMENTED or not (
                 self._answered or code in _RETRY_STREAM
             ):
-                self.failure = StreamUnsupported()
+                failure = StreamUnsupported()
             else:
-                self.failure = CallFailed(code, exc.details() or "the stream broke")
+                failure = CallFailed(code, exc.details() or "the stream broke")
         except asyncio.CancelledError:
-            self.failure = CallFailed(grpc.StatusCode.CANCELLED, "the client closed the stream")
+            failure = CallFailed(grpc.StatusCode.CANCELLED, "the client closed the stream")
         except Exception as exc:  # a reply the stub could not read: the stream is unusable
-            self.failure = CallFailed(grpc.StatusCode.INTERNAL, type(exc).__name__)
+            failure = CallFailed(grpc.StatusCode.INTERNAL, type(exc).__name__)
+        self.failure = failure
         for waiting in list(self._pending.values()):
             if not waiting.done():
                 waiting.set_exception(self.failure)
