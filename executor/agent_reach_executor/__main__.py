@@ -48,6 +48,7 @@ async def run_executor(
             reconnect_initial=settings.reconnect_initial,
             reconnect_maximum=settings.reconnect_maximum,
             stream=settings.stream,
+            streams=settings.pollers,  # one per poller: their polls spread over the replicas
         ) as client:
             runner = StepRunner(hosted, default_timeout_s=settings.default_step_timeout)
             worker = Worker(

@@ -334,6 +334,7 @@ class ControllerClient:
         reconnect_initial: float = 0.1,
         reconnect_maximum: float = 5.0,
         stream: bool = True,
+        streams: int = 1,
     ) -> None:
         self.executor_id = executor_id
         # The pool token goes with every call; the session credential, once registered.
@@ -366,9 +367,9 @@ class ControllerClient:
             else grpc.aio.insecure_channel(channel_to, options=options)
         )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        # Polls, heartbeats and reports go as messages on one stream (exchange.py), unless told
-        # not to or the controller has none.
-        self._stream = StreamCalls(self._stub, self._metadata) if stream else None
+        # Polls, heartbeats and reports go as messages on `streams` streams (exchange.py),
+        # unless told not to or the controller has none.
+        self._stream = StreamCalls(self._stub, self._metadata, streams=streams) if stream else None
 
     @property
     def streaming(self) -> bool:

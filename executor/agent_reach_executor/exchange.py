@@ -1,4 +1,4 @@
-"""The executor's polls, heartbeats and reports as messages on one Exchange stream.
+"""The executor's polls, heartbeats and reports as messages on Exchange streams.
 
 A message costs both sides less than a unary call (see BENCHMARKS.md, `make bench-grpc`). The
 stream is opened at the first call and again after it breaks; a call whose stream breaks fails
@@ -50,19 +50,24 @@ class CallFailed(Exception):
 
 
 class StreamCalls:
-    """Calls as messages on one stream, opened on first use and after each break."""
+    """Calls as messages on `streams` streams, taken in turn; each opened on first use and again
+    after it breaks. Each stream is a call of its own, so the channel's round robin puts them on
+    different replicas, as it did the unary calls: with one stream per poller, each poller's long
+    poll can wait on a different replica, where a submit may hand it a step."""
 
-    def __init__(self, stub: Any, metadata: Any) -> None:
+    def __init__(self, stub: Any, metadata: Any, *, streams: int = 1) -> None:
         self._stub = stub
         self._metadata = metadata
         self._ids = itertools.count(1)
-        self._stream: _Stream | None = None
+        self._streams: list[_Stream | None] = [None] * max(1, streams)
+        self._turns = itertools.cycle(range(len(self._streams)))
 
     async def call(self, method: str, request: Any, deadline_s: float) -> Any:
         """The reply to `request`, or CallFailed with the status the unary call would have."""
-        stream = self._stream
+        turn = next(self._turns)
+        stream = self._streams[turn]
         if stream is None or stream.failure is not None:
-            stream = self._stream = _Stream(self._stub.Exchange(metadata=self._metadata))
+            stream = self._streams[turn] = _Stream(self._stub.Exchange(metadata=self._metadata))
         message = pb.ExecutorMessage(id=next(self._ids), timeout_ms=max(1, int(deadline_s * 1000)))
         getattr(message, FIELDS[method]).CopyFrom(request)
         reply = await stream.ask(message, deadline_s)
@@ -74,9 +79,10 @@ class StreamCalls:
         return getattr(reply, kind)
 
     async def close(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.close()
+        streams, self._streams = self._streams, [None] * len(self._streams)
+        for stream in streams:
+            if stream is not None:
+                await stream.close()
 
 
 class _Stream:

@@ -56,8 +56,8 @@ class ExecutorSettings(BaseSettings):
     )
     stream: bool = Field(
         default=True,
-        description="Send polls, heartbeats and reports as messages on one Exchange stream "
-        "(cheaper than a call each); false: unary calls, as before 0.2.",
+        description="Send polls, heartbeats and reports as messages on Exchange streams, one per "
+        "poller (cheaper than a call each); false: unary calls, as before 0.2.",
     )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."

@@ -124,3 +124,29 @@ async def test_answers_are_matched_by_id_whatever_their_order(fake: FakeControll
         (step,) = await asyncio.wait_for(poll, 5)
         assert step.lease == lease
     assert fake.exchanges == 1
+
+
+async def test_one_stream_per_poller_spreads_them_over_the_replicas() -> None:
+    """Two replicas, two streams: each stream is a call of its own, and the channel's round robin
+    puts them on different replicas, so each poller's poll can wait where a submit may land."""
+    replicas = [FakeController(max_poll_wait_ms=150) for _ in range(2)]
+    for replica in replicas:
+        await replica.start()
+    try:
+        target = ",".join(replica.target for replica in replicas)
+        async with ControllerClient(target, executor_id="x", streams=2) as client:
+            deadline = asyncio.get_running_loop().time() + 10
+            while not all(replica.registrations for replica in replicas):  # both connected
+                assert asyncio.get_running_loop().time() < deadline, "a replica stayed away"
+                await client.register(["echo"], slots=1, version="0", deadline_s=2)
+            await asyncio.gather(
+                *(
+                    client.poll_steps(["echo"], max_steps=1, wait_s=0.05, deadline_s=5)
+                    for _ in range(4)
+                )
+            )
+        assert [replica.exchanges for replica in replicas] == [1, 1]
+        assert sum(len(replica.polls) for replica in replicas) == 4
+    finally:
+        for replica in replicas:
+            await replica.stop()
