@@ -37,6 +37,14 @@ async def _plane(c: Components) -> AsyncIterator[tuple[ExecutorService, Any]]:
         await server.stop(None)
 
 
+async def _registered(c: Components, stub: Any, name: str) -> tuple[Executor, Any]:
+    """An executor of a new pool, registered, and an Exchange stream it opened."""
+    _, token = await c.pools.create(name="pool", created_by="test")
+    executor = Executor(stub, token, executor_id=name)
+    await executor.register()
+    return executor, stub.Exchange(metadata=executor.metadata)
+
+
 async def _ask(stream: Any, message: pb.ExecutorMessage) -> pb.ControllerMessage:
     await stream.write(message)
     reply: pb.ControllerMessage = await asyncio.wait_for(stream.read(), 10)
@@ -68,10 +76,7 @@ async def test_a_step_is_leased_kept_and_reported_on_one_stream(
         api_client(c) as http,
         _plane(c) as (_, stub),
     ):
-        _, token = await c.pools.create(name="pool", created_by="test")
-        executor = Executor(stub, token, executor_id="streaming")
-        await executor.register()
-        stream = stub.Exchange(metadata=executor.metadata)
+        executor, stream = await _registered(c, stub, "streaming")
         await stream.write(_poll(executor, 41))  # waits: the queue is empty
         answer = await http.post("/v1/tasks", json=BODY)
         assert answer.status_code == 202, answer.text
@@ -121,11 +126,9 @@ async def test_a_refused_message_answers_its_status_and_the_stream_stays_open(
         components_for(postgres_url, write_tools(tmp_path)) as c,
         _plane(c) as (_, stub),
     ):
-        _, token = await c.pools.create(name="pool", created_by="test")
-        executor = Executor(stub, token, executor_id="honest")
-        await executor.register()
-        stream = stub.Exchange(metadata=executor.metadata)
+        executor, stream = await _registered(c, stub, "honest")
 
+        token = executor.token
         forged = Executor(stub, token, executor_id="honest", session=executor.session + "x")
         reply = await _ask(stream, _poll(forged, 1, wait_ms=0))
         assert reply.WhichOneof("reply") == "status"
@@ -173,10 +176,7 @@ async def test_a_stopping_controller_answers_what_it_has_and_ends_its_streams(
         components_for(postgres_url, write_tools(tmp_path)) as c,
         _plane(c) as (service, stub),
     ):
-        _, token = await c.pools.create(name="pool", created_by="test")
-        executor = Executor(stub, token, executor_id="leaving")
-        await executor.register()
-        stream = stub.Exchange(metadata=executor.metadata)
+        executor, stream = await _registered(c, stub, "leaving")
         await _ask(stream, _poll(executor, 1, wait_ms=0))  # the stream is being served
         if in_flight:
             await stream.write(_poll(executor, 2, wait_ms=300))
