@@ -99,12 +99,11 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
         "--pollers", type=int, help="long polls kept open at once (AGENT_REACH_EXECUTOR_POLLERS)"
     )
     p.add_argument(
-        "--unary",
+        "--stream",
         action="store_const",
-        const=False,
-        dest="stream",
-        help="a unary call per poll, heartbeat and report instead of messages on one stream "
-        "(AGENT_REACH_EXECUTOR_STREAM=false)",
+        const=True,
+        help="polls, heartbeats and reports as messages on a stream per poller, not a call each "
+        "(AGENT_REACH_EXECUTOR_STREAM=true)",
     )
     p.add_argument(
         "--metrics",

@@ -333,7 +333,7 @@ class ControllerClient:
         tls: Tls | None = None,
         reconnect_initial: float = 0.1,
         reconnect_maximum: float = 5.0,
-        stream: bool = True,
+        stream: bool = False,
         streams: int = 1,
     ) -> None:
         self.executor_id = executor_id
@@ -367,8 +367,8 @@ class ControllerClient:
             else grpc.aio.insecure_channel(channel_to, options=options)
         )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        # Polls, heartbeats and reports go as messages on `streams` streams (exchange.py),
-        # unless told not to or the controller has none.
+        # With `stream`, polls, heartbeats and reports go as messages on `streams` streams
+        # (exchange.py), until a controller says it has none.
         self._stream = StreamCalls(self._stub, self._metadata, streams=streams) if stream else None
 
     @property

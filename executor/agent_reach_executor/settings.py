@@ -55,9 +55,10 @@ class ExecutorSettings(BaseSettings):
         "travels back, another poll waits, ready to be handed the next step.",
     )
     stream: bool = Field(
-        default=True,
+        default=False,
         description="Send polls, heartbeats and reports as messages on Exchange streams, one per "
-        "poller (cheaper than a call each); false: unary calls, as before 0.2.",
+        "poller: cheaper per call, but faster answers make smaller batches, so it pays only "
+        "when calls carry a step or two (BENCHMARKS.md); false: unary calls.",
     )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agent_reach_executor.client import ControllerClient, ControllerError, LeaseKey, StepResult
-from tests.executor.fake_controller import FakeController
-from tests.executor.test_worker import wait_until
+from tests.executor.fake_controller import FakeController, FnConnector, Probe
+from tests.executor.test_worker import running_worker, wait_until
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ async def _reachable(client: ControllerClient, within: float = 10.0) -> None:
 
 
 async def test_polls_heartbeats_and_reports_travel_on_one_stream(fake: FakeController) -> None:
-    async with ControllerClient(fake.target, executor_id="x") as client:
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         await client.register(["echo"], slots=1, version="0", deadline_s=2)
         await _one_of_each(client, fake)
         await _one_of_each(client, fake)
@@ -58,15 +58,15 @@ async def test_polls_heartbeats_and_reports_travel_on_one_stream(fake: FakeContr
     assert (fake.exchanges, fake.unary_calls) == (1, 0)
 
 
-async def test_unary_calls_when_told(fake: FakeController) -> None:
-    async with ControllerClient(fake.target, executor_id="x", stream=False) as client:
+async def test_unary_calls_unless_asked_for_the_stream(fake: FakeController) -> None:
+    async with ControllerClient(fake.target, executor_id="x") as client:
         await _one_of_each(client, fake)
     assert (fake.exchanges, fake.unary_calls) == (0, 3)
 
 
 async def test_a_controller_without_the_stream_gets_unary_calls(fake: FakeController) -> None:
     fake.stream = False  # answers Exchange UNIMPLEMENTED, as a release before it would
-    async with ControllerClient(fake.target, executor_id="x") as client:
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         await _one_of_each(client, fake)
         await _one_of_each(client, fake)
         assert not client.streaming
@@ -77,7 +77,7 @@ async def test_calls_in_flight_when_the_stream_breaks_fail_transient_and_the_nex
     fake: FakeController,
 ) -> None:
     fake.held[1] = asyncio.Event()  # poll 1 stays open until the controller goes
-    async with ControllerClient(fake.target, executor_id="x") as client:
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         poll = asyncio.create_task(
             client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=10, poll_seq=1)
         )
@@ -99,7 +99,7 @@ async def test_a_call_past_its_deadline_fails_and_the_stream_carries_on(
     fake: FakeController,
 ) -> None:
     fake.held[7] = asyncio.Event()  # poll 7 is never answered
-    async with ControllerClient(fake.target, executor_id="x") as client:
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         with pytest.raises(ControllerError) as caught:
             await client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=0.3, poll_seq=7)
         assert (caught.value.code, caught.value.transient) == ("DEADLINE_EXCEEDED", True)
@@ -112,7 +112,7 @@ async def test_answers_are_matched_by_id_whatever_their_order(fake: FakeControll
     """A poll held open answers after the heartbeat and report sent behind it."""
     fake.held[1] = gate = asyncio.Event()
     key = fake.enqueue(connector="echo")
-    async with ControllerClient(fake.target, executor_id="x") as client:
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         poll = asyncio.create_task(
             client.poll_steps(["echo"], max_steps=1, wait_s=0.1, deadline_s=5, poll_seq=1)
         )
@@ -134,7 +134,7 @@ async def test_one_stream_per_poller_spreads_them_over_the_replicas() -> None:
         await replica.start()
     try:
         target = ",".join(replica.target for replica in replicas)
-        async with ControllerClient(target, executor_id="x", streams=2) as client:
+        async with ControllerClient(target, executor_id="x", stream=True, streams=2) as client:
             deadline = asyncio.get_running_loop().time() + 10
             while not all(replica.registrations for replica in replicas):  # both connected
                 assert asyncio.get_running_loop().time() < deadline, "a replica stayed away"
@@ -150,3 +150,17 @@ async def test_one_stream_per_poller_spreads_them_over_the_replicas() -> None:
     finally:
         for replica in replicas:
             await replica.stop()
+
+
+async def test_a_worker_on_streams_runs_and_reports_its_steps(fake: FakeController) -> None:
+    probe = Probe()
+    keys = [fake.enqueue(connector="probe") for _ in range(12)]
+    async with running_worker(
+        fake, {"probe": FnConnector("probe", probe)}, slots=4, pollers=2, stream=True
+    ):
+        await wait_until(lambda: probe.running == 4)
+        await wait_until(lambda: any(beat.leases for beat in fake.heartbeats))  # leases kept
+        probe.release.set()
+        await wait_until(lambda: len(fake.results) == len(keys))
+    assert sorted(fake.results) == sorted(keys)
+    assert (fake.exchanges, fake.unary_calls) == (2, 0)  # one stream per poller, nothing else

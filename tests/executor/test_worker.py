@@ -74,6 +74,8 @@ async def running_worker(
         executor_id=settings.executor_id,
         reconnect_initial=settings.reconnect_initial,
         reconnect_maximum=settings.reconnect_maximum,
+        stream=settings.stream,
+        streams=settings.pollers,
     ) as client:
         worker = Worker(
             client,
@@ -405,6 +407,9 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.connectors == ["http", "python"]
     assert settings.poll_wait == 10.0
     assert settings.report_batch_max == 256
+    assert not settings.stream  # unary calls unless asked for
+    monkeypatch.setenv("AGENT_REACH_EXECUTOR_STREAM", "true")
+    assert ExecutorSettings().stream
     assert settings.executor_id != ExecutorSettings().executor_id  # random suffix per instance
 
 
