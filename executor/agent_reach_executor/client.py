@@ -17,21 +17,16 @@ import grpc
 from agent_reach.addresses import split_address
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
-from agent_reach_executor.exchange import FIELDS, CallFailed, StreamCalls, StreamUnsupported
+from agent_reach_executor.exchange import (
+    FIELDS,
+    TRANSIENT_CODES,
+    CallFailed,
+    StreamCalls,
+    StreamUnsupported,
+)
 
 # The largest message either side accepts (the controller's server uses the same limit).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-# Codes after which the same call may succeed later: the controller is restarting, overloaded or
-# unreachable. Anything else is a bug on one side; the worker still retries, but louder.
-_TRANSIENT_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -464,7 +459,7 @@ class ControllerClient:
                     method,
                     failed.code.name,
                     failed.details,
-                    transient=failed.code in _TRANSIENT_CODES,
+                    transient=failed.code in TRANSIENT_CODES,
                 ) from None
             except StreamUnsupported:
                 if self._stream is stream:  # an older controller: unary calls from now on
@@ -480,5 +475,5 @@ class ControllerClient:
                 method,
                 code.name,
                 exc.details() or "",
-                transient=code in _TRANSIENT_CODES,
+                transient=code in TRANSIENT_CODES,
             ) from exc

@@ -24,9 +24,11 @@ FIELDS = {"PollSteps": "poll", "Heartbeat": "heartbeat", "ReportResults": "repor
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
-# A stream failing with these may work when opened again (the controller restarts, is stopping
-# or is busy); any other status before the first answer says the stream cannot work here.
-_RETRY_STREAM = frozenset(
+# Codes after which the same call may succeed later: the controller is restarting, stopping,
+# overloaded or unreachable. A stream failing with one of them may work when opened again; any
+# other status before its first answer says the stream cannot work here. Anything else from a
+# call is a bug on one side; the worker still retries, but louder.
+TRANSIENT_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -134,7 +136,7 @@ class _Stream:
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.UNIMPLEMENTED or not (
-                self._answered or code in _RETRY_STREAM
+                self._answered or code in TRANSIENT_CODES
             ):
                 failure = StreamUnsupported()
             else:

@@ -73,10 +73,6 @@ class Streams:
         self._open: set[_Stream] = set()
         self._closing = False
 
-    @property
-    def open(self) -> int:
-        return len(self._open)
-
     async def serve(self, requests: AsyncIterator[Any], context: Any, answer: Answer) -> None:
         """Answer the stream's messages until the executor closes it or this controller stops."""
         if self._closing:
