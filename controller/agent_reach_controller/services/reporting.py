@@ -81,19 +81,23 @@ class ReportingService:
         """
         if not results:
             return []
-        async with self._work.begin() as tx:
+        caller = Caller(holder=session.id if session else executor_id, session=session)
+
+        async def apply(tx: TaskWork) -> tuple[list[Ack], set[str], set[str]]:
             if session is not None and self.sessions is not None:
                 # A revoked or expired session's results count for nothing, even in flight: the
                 # heartbeat is the commit's guard (on Postgres no statement of its own).
                 await self.sessions.touch(tx.conn, session.id, now=tx.now, at_commit=True)
             await tx.lock_steps([r.step_key for r in results])
-            caller = Caller(holder=session.id if session else executor_id, session=session)
             acks, opened = await self._apply(tx, results, caller=caller)
             changed = {
                 tx.steps[r.step_key].tool
                 for r, ack in zip(results, acks, strict=True)
                 if ack.accepted and _definition_changed(r)
             }
+            return acks, opened, changed
+
+        acks, opened, changed = await self._work.run(apply)
         for tool in sorted(changed):
             await self._disable_changed(tool)
         catalog = self._registry.catalog

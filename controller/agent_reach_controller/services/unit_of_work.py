@@ -16,6 +16,7 @@ Nothing here decides anything: the deciders in `decide/` do, on the rows read un
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections import Counter, defaultdict
 from collections.abc import (
@@ -29,7 +30,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agent_reach.states import (
     TERMINAL_TASK_STATES,
@@ -56,6 +57,9 @@ from agent_reach_controller.storage.engine import Connection, Database
 from agent_reach_controller.storage.wakeups import Notifier
 from agent_reach_controller.tools.agents import MODEL_CONNECTOR
 from agent_reach_controller.tools.catalog import ToolSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,10 +124,15 @@ class TaskWork:
     once it has committed, never if it rolls back.
     """
 
-    def __init__(self, work: UnitOfWork, conn: Connection, now: datetime) -> None:
+    def __init__(
+        self, work: UnitOfWork, conn: Connection, now: datetime, *, certain: bool = False
+    ) -> None:
         self._work = work
         self.conn = conn
         self.now = now
+        # Whether changes that cannot lose go with the commit (see `change`).
+        self._certain = certain and conn.dialect.name == "postgresql"
+        self._waiting = False  # changes are waiting for the commit
         self.tasks: dict[str, TaskRow] = {}  # read under their locks
         self.steps: dict[int, StepRow] = {}  # by key: those `lock_steps` was given
         self._locked: list[str] = []
@@ -141,6 +150,7 @@ class TaskWork:
 
     async def lock_steps(self, keys: Sequence[int]) -> dict[int, StepRow]:
         """Lock the tasks of these steps, then read the steps and the tasks (in one go)."""
+        await self._send_waiting()
         # Read once under the lock: step changes never touch task rows.
         self.tasks, self.steps, whole = await locks.lock_steps(self.conn, keys)
         self._locked = sorted(self.tasks)
@@ -157,6 +167,7 @@ class TaskWork:
 
     async def lock_task(self, task_id: str) -> TaskRow | None:
         """Lock one task and read it (None if there is no such task)."""
+        await self._send_waiting()
         await locks.lock_tasks(self.conn, [task_id])
         self._locked = [task_id]
         self._whole = {}
@@ -166,6 +177,7 @@ class TaskWork:
 
     async def steps_of(self, task_id: str) -> list[StepRow]:
         """Every step of a locked task, with its tool version loaded."""
+        await self._send_waiting()
         found = await store.load_steps(self.conn, [task_id])
         await self._work.registry.ensure([(s.tool, s.tool_version) for s in found], conn=self.conn)
         return found
@@ -173,6 +185,7 @@ class TaskWork:
     async def budgets(self) -> dict[str, Budget]:
         """What is left of each locked task's attempt budget (tasks without one left out)."""
         if self._budgets is None:
+            await self._send_waiting()
             self._budgets = await self._work.budgets(self.conn, self.tasks)
         return self._budgets
 
@@ -189,11 +202,22 @@ class TaskWork:
 
     async def change(self, changes: Sequence[StepChange]) -> set[int]:
         """Apply decided changes (compare-and-set on each step's status and attempt); returns
-        the ids of the steps that moved. Their events are written with the commit."""
+        the ids of the steps that moved. Their events are written with the commit.
+
+        In a unit of work begun `certain`, changes that cannot lose are written with the commit
+        too, at no round trip of their own: every locked task is held whole, each step is as
+        read under the lock, and no agent run's hooks follow (`store.change_steps_at_commit`;
+        if one loses after all, committing raises `StepMovedError` and nothing is written).
+        """
         # What the advance will read is read in the same round trip (it is stale, and read
         # again, if anything changes the steps before); a task held whole needs nothing read.
         partial = [t for t in self._locked if t not in self._whole]
-        moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=partial)
+        if self._cannot_lose(changes, partial):
+            moved = await store.change_steps_at_commit(self.conn, changes, now=self.now)
+            self._waiting = True
+        else:
+            moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=partial)
+            self._waiting = self._waiting and not changes  # if any, sent ahead of these
         self._moved = self._moved or bool(moved)
         for c in changes:
             held = self._whole.get(c.step.task_id)
@@ -218,6 +242,25 @@ class TaskWork:
                 elif after == StepStatus.OUTCOME_UNKNOWN and self._in_run(c.step):
                     await runs.outcome_unknown(self, c.step)
         return moved
+
+    def _cannot_lose(self, changes: Sequence[StepChange], partial: Sequence[str]) -> bool:
+        if not self._certain or self._waiting or partial or not changes:
+            return False
+        for change in changes:
+            held = self._whole.get(change.step.task_id, {}).get(change.step.id)
+            if (
+                held is None
+                or (held.status, held.attempt) != (change.step.status, change.step.attempt)
+                or change.step.connector == MODEL_CONNECTOR
+            ):
+                return False
+        return len({c.step.id for c in changes}) == len(changes)
+
+    async def _send_waiting(self) -> None:
+        """Before a read: send the changes waiting for the commit."""
+        if self._waiting:
+            await store.send_changes_at_commit(self.conn)
+            self._waiting = False
 
     def _in_run(self, step: StepRow) -> bool:
         task = self.tasks.get(step.task_id)
@@ -253,6 +296,8 @@ class TaskWork:
         moved since): unblock, skip, ask for approval, settle task statuses. The `last` one,
         after which nothing reads the task rows, writes their statuses with the commit."""
         self._moved = False
+        if any(t not in self._whole for t in self.tasks):
+            await self._send_waiting()  # the advance reads those tasks' steps
         ready, self._internal_ready = list(self._internal_ready.values()), {}
         whole = {t: sorted(held.values(), key=_position) for t, held in self._whole.items()}
         self._whole = {}  # the advance moves steps these rows would not show
@@ -329,12 +374,35 @@ class UnitOfWork:
         return self.internal.connectors if self.internal is not None else frozenset()
 
     @contextlib.asynccontextmanager
-    async def begin(self, now: datetime | None = None) -> AsyncIterator[TaskWork]:
-        """A unit of work in a new transaction: committed when the block ends without error."""
+    async def begin(
+        self, now: datetime | None = None, *, certain: bool = False
+    ) -> AsyncIterator[TaskWork]:
+        """A unit of work in a new transaction: committed when the block ends without error.
+
+        `certain`: changes that cannot lose are written with the commit (`TaskWork.change`),
+        and committing may raise `StepMovedError` (nothing written); `run` begins such units
+        and tries again without."""
         async with self.db.transaction() as conn:
-            work = TaskWork(self, conn, now or datetime.now(UTC))
+            work = TaskWork(self, conn, now or datetime.now(UTC), certain=certain)
             yield work
             await work._close()
+
+    async def run(
+        self, body: Callable[[TaskWork], Awaitable[T]], *, now: datetime | None = None
+    ) -> T:
+        """`body` in a unit of work whose changes that cannot lose go with the commit (one round
+        trip fewer). Should one lose after all (a writer that did not take its task's lock),
+        nothing was written, and `body` runs again in a unit that sends each change as made."""
+        try:
+            async with self.begin(now, certain=True) as tx:
+                return await body(tx)
+        except store.StepMovedError:
+            log.warning(
+                "a step changed without its task's lock; its unit of work ran again",
+                extra={"event": "step_moved_unlocked"},
+            )
+        async with self.begin(now) as tx:
+            return await body(tx)
 
     def decision(self, tool: ToolSpec, now: datetime, budget: Budget | None) -> Decision:
         return Decision(
@@ -357,7 +425,8 @@ class UnitOfWork:
         returns how many moved. Sweeps, lost leases and refused leases all end up here."""
         if not keys:
             return 0
-        async with self.begin(now) as tx:
+
+        async def body(tx: TaskWork) -> int:
             current = await tx.lock_steps(keys)
             changes = [
                 decide(step, await tx.decision(step)) for step in current.values() if due(step)
@@ -366,7 +435,9 @@ class UnitOfWork:
             applied = [c for c in changes if c.step.id in moved]
             self.metrics.settled(tx.conn, applied)
             tx.wake(connectors={c.values.get("connector", c.step.connector) for c in applied})
-        return len(moved)
+            return len(moved)
+
+        return await self.run(body, now=now)
 
     async def budgets(self, conn: Connection, tasks: Mapping[str, TaskRow]) -> dict[str, Budget]:
         """What is left of each task's attempt budget (tasks without one are left out)."""

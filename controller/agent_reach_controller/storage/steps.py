@@ -28,6 +28,8 @@ from agent_reach_controller.storage.commit import json_rows
 from agent_reach_controller.storage.engine import (
     TX_STATE_PREFIX,
     Connection,
+    before_commit,
+    commit_statement,
     prepare,
     round_trip,
 )
@@ -37,6 +39,17 @@ from agent_reach_controller.storage.tasks import TASKS_BY_ID, load_tasks
 
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
+# Changes to write with the commit (`change_steps_at_commit`): [(groups, now)].
+_AT_COMMIT = f"{TX_STATE_PREFIX}changes_at_commit"
+
+# One statement's changes: (the columns set besides the status, as (name, SQL type)), the rows
+# as a JSON array, how many rows).
+_Group = tuple[tuple[tuple[str, str], ...], str, int]
+
+
+class StepMovedError(Exception):
+    """A change written with the commit found its step no longer as it was read: nothing of the
+    transaction was written."""
 
 
 async def load_steps(conn: AsyncConnection, task_ids: Iterable[str]) -> list[StepRow]:
@@ -77,27 +90,47 @@ def change_steps_sql(fields: tuple[tuple[str, str], ...]) -> str:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def change_steps_at_commit_sql(fields: tuple[tuple[str, str], ...]) -> str:
+    """`change_steps_sql` as a part of the commit statement, guarded on how many rows it moves
+    (`%(expected)s`)."""
+    return change_steps_sql(fields).replace(
+        "RETURNING s.id, s.attempt", "RETURNING %(expected)s::int AS expected"
+    )
+
+
 async def _change_steps_postgres(
     conn: Connection,
-    groups: Sequence[tuple[tuple[tuple[str, str], ...], str]],
+    groups: Sequence[_Group],
     *,
     now: Any,
     advance_of: Sequence[str] = (),
 ) -> tuple[dict[int, int], tuple[list[dict[str, Any]], list[tuple[Any, ...]]] | None]:
     """Run `change_steps_sql(fields)` over each group's JSON array of rows, in one round trip;
     ({step key: attempt} moved, and, for the tasks `advance_of`, what their advance reads once
-    the changes are made: the advanceable steps and the status counts, read in the same trip)."""
-    async with round_trip(conn, pipeline=len(groups) > 1 or bool(advance_of)) as pg:
-        sent = []
-        for fields, rows in groups:
-            cur = pg.cursor()
-            await cur.execute(
-                change_steps_sql(fields), {"rows": rows, "now": now}, prepare=prepare(pg)
-            )
-            sent.append(cur)
+    the changes are made: the advanceable steps and the status counts, read in the same trip).
+
+    Changes waiting for the commit (`change_steps_at_commit`) go first, in the same round trip:
+    a step they did not move raises `StepMovedError`."""
+    waiting: list[tuple[Sequence[_Group], Any]] = conn.info.pop(_AT_COMMIT, [])
+    many = len(groups) + sum(len(g) for g, _ in waiting) > 1
+    async with round_trip(conn, pipeline=many or bool(advance_of)) as pg:
+        certain = [await _send(pg, group, when) for earlier, when in waiting for group in earlier]
+        sent = [await _send(pg, group, now) for group in groups]
         ahead = await _send_advance_reads(pg, advance_of) if advance_of else None
-    moved = {key: attempt for cur in sent for key, attempt in await cur.fetchall()}
+    for cur, expected in certain:
+        if len(await cur.fetchall()) != expected:
+            raise StepMovedError
+    moved = {key: attempt for cur, _ in sent for key, attempt in await cur.fetchall()}
     return moved, (await _advance_rows(*ahead) if ahead else None)
+
+
+async def _send(pg: PgConnection[Any], group: _Group, now: Any) -> tuple[AsyncCursor[Any], int]:
+    """Send one group's changes; (its cursor, how many rows it changes if none has moved)."""
+    fields, rows, count = group
+    cur = pg.cursor()
+    await cur.execute(change_steps_sql(fields), {"rows": rows, "now": now}, prepare=prepare(pg))
+    return cur, count
 
 
 async def _send_advance_reads(
@@ -404,6 +437,15 @@ async def _change_steps_set_based(
     """UPDATE … FROM jsonb_to_recordset(:rows): one statement per set of columns changed, all in
     one round trip, with the reads of the advance of `advance_of` behind them (kept for
     `load_for_advance`)."""
+    ids = sorted(set(advance_of))
+    moved, ahead = await _change_steps_postgres(conn, _groups(changes), now=now, advance_of=ids)
+    if ahead is not None:
+        conn.info[_READ_AHEAD] = (ids, *ahead)
+    return moved
+
+
+def _groups(changes: Sequence[StepChange]) -> list[_Group]:
+    """The changes by the columns they set: one statement's rows each."""
     by_columns: dict[tuple[str, ...], list[StepChange]] = {}
     for change in changes:
         by_columns.setdefault(tuple(sorted(change.values)), []).append(change)
@@ -420,12 +462,60 @@ async def _change_steps_set_based(
             }
             for c in group
         ]
-        groups.append((fields, json_rows(rows)))
-    ids = sorted(set(advance_of))
-    moved, ahead = await _change_steps_postgres(conn, groups, now=now, advance_of=ids)
-    if ahead is not None:
-        conn.info[_READ_AHEAD] = (ids, *ahead)
-    return moved
+        groups.append((fields, json_rows(rows), len(rows)))
+    return groups
+
+
+async def change_steps_at_commit(
+    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+) -> set[int]:
+    """Apply transitions none of which can lose, with their events; returns their steps' keys.
+
+    A change cannot lose when its step was read under its task's lock in this transaction and
+    not changed since: every transition of a step that is not `ready` holds that lock (a lease
+    takes only ready steps). On Postgres they are then written with the commit, in its
+    statement and as its guard, at no round trip of their own; if a step did move after all,
+    nothing of the transaction is written and committing raises `StepMovedError`. A change of
+    steps in the same transaction sends them first (`change_steps`), as does
+    `send_changes_at_commit` before a read that must see them.
+    """
+    if conn.dialect.name != "postgresql" or not changes:
+        return await change_steps(conn, changes, now=now)
+    for change in changes:
+        apply(change.step.status, change.transition)  # raises IllegalTransitionError
+    conn.info.pop(_READ_AHEAD, None)
+    waiting: list[tuple[Sequence[_Group], datetime]] | None = conn.info.get(_AT_COMMIT)
+    if waiting is None:
+        waiting = conn.info[_AT_COMMIT] = []
+        before_commit(conn, _write_at_commit)
+    waiting.append((_groups(changes), now))
+    await append_events(
+        conn,
+        [
+            transition_event(c, attempt=c.values.get("attempt", c.step.attempt), now=now)
+            for c in changes
+        ],
+    )
+    return {c.step.id for c in changes}
+
+
+async def send_changes_at_commit(conn: AsyncConnection) -> None:
+    """Send now the changes waiting for the commit (`change_steps_at_commit`), before a read
+    that must see them; `StepMovedError` if a step had moved."""
+    if conn.info.get(_AT_COMMIT):
+        await _change_steps_postgres(conn, [], now=None)
+
+
+async def _write_at_commit(conn: AsyncConnection) -> None:
+    statement = commit_statement(conn)
+    for groups, now in conn.info.pop(_AT_COMMIT, []):
+        for fields, rows, count in groups:
+            statement.expect(
+                change_steps_at_commit_sql(fields),
+                {"rows": rows, "now": now, "expected": count},
+                holds="count(*) = coalesce(max(expected), -1)",
+                refusal=StepMovedError,
+            )
 
 
 async def queued_steps_of(conn: AsyncConnection, tools: Sequence[str], *, limit: int) -> list[int]:
