@@ -111,6 +111,10 @@ bench-http: setup
 bench-grpc: setup
 	$(PY) -m tests.bench.grpc_calls
 
+# The report path alone: controller and Postgres CPU per result, one and sixteen a report.
+bench-report: setup
+	$(PY) -m tests.bench.reports
+
 # Steps/s and controller CPU per step with 10 k, 100 k and 1 M steps queued behind them.
 bench-scale: setup
 	$(PY) -m tests.bench.scale
