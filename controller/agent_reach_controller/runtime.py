@@ -173,6 +173,14 @@ async def open_components(settings: ControllerSettings) -> Components:
     if settings.migrate:
         await asyncio.to_thread(migrate.upgrade, url)
     db = Database(url, pool_size=settings.db_pool_size, prepare=settings.db_prepare)
+    if await db.autovacuum_off():
+        log.warning(
+            "Postgres runs with autovacuum off: nothing analyses the tables as they grow, and "
+            "the controller's prepared statements keep plans made while they were small (whole-"
+            "table scans, slower with every task stored). Turn autovacuum on, or ANALYZE the "
+            "tasks, steps and events tables regularly.",
+            extra={"event": "autovacuum_off"},
+        )
     registry = ToolRegistry(db)
     # The files own the tools they define: each start makes the catalogue hold them as written
     # (tools added through the API stay; `reach tools import --prune` is the full sync).

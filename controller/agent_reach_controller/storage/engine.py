@@ -411,6 +411,15 @@ class Database:
             with contextlib.suppress(*_LOST):
                 await conn.invalidate()
 
+    async def autovacuum_off(self) -> bool:
+        """Whether this is a Postgres server that runs without autovacuum (nothing analyses the
+        tables: prepared statements keep plans made from statistics of when they were small)."""
+        if not self.is_postgres:
+            return False
+        async with self.transaction() as conn:
+            setting = (await conn.execute(sa.text("SHOW autovacuum"))).scalar_one()
+        return str(setting).lower() == "off"
+
     async def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
         async with self.transaction() as conn:
