@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
+from agent_reach.errors import ErrorCode
 from agent_reach_executor.client import (
     Assignment,
     Backoff,
@@ -18,6 +19,7 @@ from agent_reach_executor.client import (
     LeaseKey,
     Registration,
     ResultAck,
+    StepFailure,
     StepResult,
     result_to_proto,
 )
@@ -57,6 +59,24 @@ class _Held:
 
     assignment: Assignment
     task: asyncio.Task[StepResult] | None
+    started_at_ms: int = 0
+
+
+def _abandoned(held: _Held, why: str) -> StepResult:
+    """The result of a step that started and ended without its own: it may have called the
+    downstream, so the controller decides as it would on an expired lease, without the wait
+    (and never as a lease whose step did not run, which is what an unlisted lease would say)."""
+    return StepResult(
+        lease=held.assignment.lease,
+        failure=StepFailure(
+            code=ErrorCode.LEASE_LOST.value,
+            message=f"{held.assignment.tool}: {why}",
+            retryable=True,
+            maybe_applied=True,
+        ),
+        started_at_ms=held.started_at_ms,
+        finished_at_ms=int(time.time() * 1000),
+    )
 
 
 async def _until_stopped(stop: asyncio.Event, awaitable: Awaitable[T]) -> T | None:
@@ -301,7 +321,9 @@ class Worker:
             self._runner.run(assignment),
             name=f"step-{assignment.task_id}-{assignment.step_id}-{assignment.lease.attempt}",
         )
-        self._held[assignment.lease] = _Held(assignment=assignment, task=task)
+        self._held[assignment.lease] = _Held(
+            assignment=assignment, task=task, started_at_ms=int(time.time() * 1000)
+        )
         self._running.add(task)
         self.metrics.slots_busy(len(self._running))
         self._counts["started"] += 1
@@ -315,24 +337,21 @@ class Worker:
         if held is None or held.task is not task:
             return  # dropped: cancelled or lost, nothing to report
         held.task = None
-        if task.cancelled():
-            # Cancelled by the drain: the lease expires on the controller, which re-runs the step.
-            del self._held[lease]
-            return
-        exc = task.exception()
-        if exc is not None:
-            del self._held[lease]
+        if task.cancelled():  # by the drain, past its grace
+            self._pending.append(_abandoned(held, "the executor stopped before it finished"))
+        elif (exc := task.exception()) is not None:
             log.error(
-                "runner failed on %s/%s; the lease will expire and the step run again",
+                "runner failed on %s/%s; reporting it as an attempt that may have applied",
                 held.assignment.task_id,
                 held.assignment.step_id,
                 exc_info=exc,
                 extra=held.assignment.log_extra("runner_failed"),
             )
-            return
-        self._counts["finished"] += 1
-        self.metrics.call_finished(held.assignment, task.result())
-        self._pending.append(task.result())
+            self._pending.append(_abandoned(held, "the executor failed while running it"))
+        else:
+            self._counts["finished"] += 1
+            self.metrics.call_finished(held.assignment, task.result())
+            self._pending.append(task.result())
         self._reports_idle.clear()
         self._results_ready.set()
 
@@ -537,8 +556,8 @@ class Worker:
             _, late = await asyncio.wait(running, timeout=grace)
             if late:
                 log.warning(
-                    "cancelling %d steps still running after the %.1fs grace; their leases will "
-                    "expire on the controller and the steps will run again elsewhere",
+                    "cancelling %d steps still running after the %.1fs grace; each is reported "
+                    "as an attempt that may have applied, for the controller to decide again",
                     len(late),
                     grace,
                     extra={"event": "drain_cancelled", "cancelled": len(late)},

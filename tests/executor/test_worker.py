@@ -378,9 +378,12 @@ async def test_drain_cancels_steps_that_outlive_the_grace(
         took = time.monotonic() - began
     assert probe.cancelled == ["s1"]
     assert 0.25 <= took < 2.0
-    assert key not in fake.results
-    assert not fake.report_calls
-    assert "run again elsewhere" in caplog.text
+    # Reported, not left to expire: it started, so it may have called the downstream (a lease
+    # left out of a heartbeat instead would be taken for one whose step never ran).
+    failure = fake.results[key].error
+    assert (failure.code, failure.retryable, failure.maybe_applied) == ("lease_lost", True, True)
+    assert "stopped before it finished" in failure.message
+    assert "for the controller to decide again" in caplog.text
     assert running.worker.stats.in_flight == 0
 
 
@@ -510,6 +513,25 @@ class _Stubborn:
         return "late"
 
 
+class _BrokenRunner(StepRunner):
+    """A runner with a bug: it raises instead of returning the step's result."""
+
+    async def run(self, assignment: Any) -> StepResult:
+        raise RuntimeError("a bug in the runner")
+
+
+async def test_a_step_whose_runner_raises_is_reported_as_one_that_may_have_applied(
+    fake: FakeController,
+) -> None:
+    connectors = {"probe": FnConnector("probe", Probe())}
+    key = fake.enqueue(connector="probe")
+    async with running_worker(fake, connectors, runner=_BrokenRunner(connectors)):
+        await wait_until(lambda: key in fake.results)
+    failure = fake.results[key].error
+    assert (failure.code, failure.retryable, failure.maybe_applied) == ("lease_lost", True, True)
+    assert "failed while running it" in failure.message
+
+
 async def test_drain_is_bounded_when_a_connector_ignores_cancellation(
     fake: FakeController,
 ) -> None:
@@ -526,7 +548,7 @@ async def test_drain_is_bounded_when_a_connector_ignores_cancellation(
             assert time.monotonic() - began < 2.0
             assert running.worker.stats.in_flight == 0
             assert runner.abandoned == 1
-        assert key not in fake.results
+        assert fake.results[key].error.maybe_applied  # reported as an attempt that may have applied
     finally:
         stubborn.release.set()
         await asyncio.sleep(0.01)
