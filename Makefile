@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench bench-http bench-grpc bench-scale bench-memory services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http bench-grpc bench-report bench-scale bench-memory services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench   throughput and latency on Postgres (prints machine and commit)"
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
 	@echo "make bench-grpc  grpc.aio's server CPU per unary call and per stream message"
+	@echo "make bench-report  the report path alone: controller and Postgres CPU per result"
 	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
 	@echo "make bench-memory  memory search's precision@k and recall@k on a labelled set"
 	@echo "make tools   install promtool and Chromium (Debian packages) if missing"
