@@ -77,10 +77,10 @@ async def test_redis_pubsub_wakes_another_replica(
 
 HELD = {
     "name": "echo.held",
-    "description": "A write with a short undo window: queued, not due for 0.4 s.",
+    "description": "A write with a short undo window: queued, not due for 2 s.",
     "connector": "echo",
     "risk": "write",
-    "hold": "400ms",
+    "hold": "2s",
     "idempotent": True,
 }
 
@@ -103,8 +103,10 @@ async def test_a_poll_after_a_draining_claim_still_sees_what_comes_and_what_fall
         def poll() -> Any:
             return c.leasing.poll(executor_id="p", connectors=["echo"], limit=5, wait=20)
 
-        await submit("echo.held", "later")  # due in 0.4 s
+        # "later" is submitted last, so only one poll runs inside its hold; the hold is long
+        # enough (2 s) that a loaded CI machine does not let it fall due first (0.4 s did).
         await submit("echo.say", "now")
+        await submit("echo.held", "later")
         assert [s.step_id for s in await poll()] == ["now"]  # drained: "later" is not due
         async with asyncio.timeout(10):  # the poll's own wait is 20 s
             assert [s.step_id for s in await poll()] == ["later"]
