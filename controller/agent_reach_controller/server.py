@@ -103,6 +103,7 @@ async def running_controller(
         lifespan="off",
         loop="none",  # the process's own (uvloop under `reach`)
         http="httptools",
+        server_header=False,  # no "server: uvicorn" on every answer: it names what runs here
         timeout_graceful_shutdown=5,
         timeout_keep_alive=settings.http_keep_alive_seconds,
         ssl_certfile=settings.tls_cert,

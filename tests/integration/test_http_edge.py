@@ -45,3 +45,22 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert await c.queries.list_tasks(tenant="default") == []  # nothing stored
         del reader
+
+
+async def test_answers_do_not_name_the_server_software(sqlite_url: str, tmp_path: Path) -> None:
+    settings = ControllerSettings(
+        database_url=sqlite_url,
+        tools=[write_tools(tmp_path)],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+    )
+    async with running_controller(settings) as (_, bound):
+        host, port = bound.http.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: reach\r\n\r\n")
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        await writer.wait_closed()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nserver:" not in head.lower()
