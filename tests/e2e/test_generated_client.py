@@ -43,7 +43,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 def generated(dev: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     where = tmp_path_factory.mktemp("generated")
     document = where / "openapi.json"
-    document.write_bytes(httpx.get(f"http://{dev.info['http']}/openapi.json").content)
+    document.write_bytes(httpx.get(f"http://{dev.info['http']}/openapi.json", timeout=60).content)
     bin_dir = Path(sys.executable).parent
     done = subprocess.run(
         [

@@ -4,13 +4,17 @@ dialects the server reads (the same models validate them)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agent_reach_controller.planning.dialects import DIALECTS, DialectName
+from agent_reach_controller.server import running_controller
+from agent_reach_controller.settings import ControllerSettings
 from tests.integration.stack import api_client, components_for, write_tools
 
 
@@ -112,3 +116,31 @@ async def test_mcp_off_serves_no_mcp(sqlite_url: str, tmp_path: Path) -> None:
         answer = await client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert answer.status_code == 404
         assert c.settings.mcp is False
+
+
+async def test_building_the_document_does_not_hold_the_other_requests(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # The first /openapi.json builds the document (a second or more of CPU here). Requests that
+    # come meanwhile are answered: the build runs in a thread. Were it built on the event loop,
+    # no second request could be answered before it ends.
+    settings = ControllerSettings(
+        database_url=sqlite_url,
+        tools=[write_tools(tmp_path)],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+    )
+    async with (
+        running_controller(settings) as (_, bound),
+        httpx.AsyncClient(base_url=f"http://{bound.http}", timeout=60) as first,
+        httpx.AsyncClient(base_url=f"http://{bound.http}", timeout=60) as other,
+    ):
+        document = asyncio.create_task(first.get("/openapi.json"))
+        answered = 0
+        while not document.done() and answered < 5:
+            assert (await other.get("/healthz")).status_code == 200
+            answered += 1
+        assert (await document).status_code == 200
+        assert answered == 5, f"only {answered} requests were answered while it was built"
+        again = await other.get("/openapi.json")
+        assert again.json() == (await document).json()

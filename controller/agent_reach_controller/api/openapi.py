@@ -7,10 +7,13 @@ ids are the route functions' names, which a generated client turns into its meth
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
@@ -46,20 +49,36 @@ def submit_body() -> dict[str, Any]:
 
 
 def install(app: FastAPI) -> None:
-    """Serve the completed document at /openapi.json (built once, on first use)."""
+    """Serve the completed document at /openapi.json, built once, on first use, off the loop.
+
+    Building it takes the schema of every model: a second or more of CPU on a small machine.
+    FastAPI's own route builds it on the event loop, which would hold every submit, poll and
+    heartbeat of this controller for that long; here a thread builds it while the loop serves.
+    """
     build: Callable[[], dict[str, Any]] = app.openapi
+    building = threading.Lock()
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            doc = build()
-            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            models: list[type[BaseModel]] = [Problem, *(d.body for d in DIALECTS.values())]
-            for model in models:
-                _add(schemas, model)
-            app.openapi_schema = doc
-        return app.openapi_schema
+        with building:
+            if app.openapi_schema is None:
+                doc = build()
+                schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+                models: list[type[BaseModel]] = [Problem, *(d.body for d in DIALECTS.values())]
+                for model in models:
+                    _add(schemas, model)
+                app.openapi_schema = doc
+            return app.openapi_schema
+
+    async def serve(request: Request) -> JSONResponse:
+        del request
+        doc = app.openapi_schema or await asyncio.to_thread(openapi)
+        return JSONResponse(doc)
 
     app.openapi = openapi  # type: ignore[method-assign]
+    if app.openapi_url:
+        url = app.openapi_url
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != url]
+        app.add_route(url, serve, include_in_schema=False)
 
 
 def _name(model: type[BaseModel]) -> str:
