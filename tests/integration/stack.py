@@ -23,6 +23,17 @@ TOOLS = catalog.TOOLS
 write_tools = catalog.write_tools
 
 
+def listening_settings(url: str, tmp_path: Path, **settings: Any) -> ControllerSettings:
+    """A whole controller's settings: the small catalogue, REST and gRPC on free local ports."""
+    return ControllerSettings(
+        database_url=url,
+        tools=[write_tools(tmp_path)],
+        http="127.0.0.1:0",
+        grpc="127.0.0.1:0",
+        **settings,
+    )
+
+
 @contextlib.asynccontextmanager
 async def components_for(url: str, tools_file: Path, **settings: Any) -> AsyncIterator[Components]:
     opened = await open_components(

@@ -9,20 +9,14 @@ from pathlib import Path
 import pytest
 
 from agent_reach_controller.server import running_controller
-from agent_reach_controller.settings import ControllerSettings
 from tests.executor.test_worker import wait_until
-from tests.integration.stack import key_for, write_tools
+from tests.integration.stack import key_for, listening_settings
 
 
 async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
     sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = ControllerSettings(
-        database_url=sqlite_url,
-        tools=[write_tools(tmp_path)],
-        http="127.0.0.1:0",
-        grpc="127.0.0.1:0",
-    )
+    settings = listening_settings(sqlite_url, tmp_path)
     caplog.set_level(logging.INFO)
     async with running_controller(settings) as (c, bound):
         [auth] = (await key_for(c)).values()
@@ -48,12 +42,7 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
 
 
 async def test_answers_do_not_name_the_server_software(sqlite_url: str, tmp_path: Path) -> None:
-    settings = ControllerSettings(
-        database_url=sqlite_url,
-        tools=[write_tools(tmp_path)],
-        http="127.0.0.1:0",
-        grpc="127.0.0.1:0",
-    )
+    settings = listening_settings(sqlite_url, tmp_path)
     async with running_controller(settings) as (_, bound):
         host, port = bound.http.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))

@@ -14,8 +14,7 @@ import pytest
 
 from agent_reach_controller.planning.dialects import DIALECTS, DialectName
 from agent_reach_controller.server import running_controller
-from agent_reach_controller.settings import ControllerSettings
-from tests.integration.stack import api_client, components_for, write_tools
+from tests.integration.stack import api_client, components_for, listening_settings, write_tools
 
 
 @pytest.fixture
@@ -124,12 +123,7 @@ async def test_building_the_document_does_not_hold_the_other_requests(
     # The first /openapi.json builds the document (a second or more of CPU here). Requests that
     # come meanwhile are answered: the build runs in a thread. Were it built on the event loop,
     # no second request could be answered before it ends.
-    settings = ControllerSettings(
-        database_url=sqlite_url,
-        tools=[write_tools(tmp_path)],
-        http="127.0.0.1:0",
-        grpc="127.0.0.1:0",
-    )
+    settings = listening_settings(sqlite_url, tmp_path)
     async with (
         running_controller(settings) as (_, bound),
         httpx.AsyncClient(base_url=f"http://{bound.http}", timeout=60) as first,
