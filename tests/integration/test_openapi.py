@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_reach_controller.api.app import create_app
 from agent_reach_controller.planning.dialects import DIALECTS, DialectName
 from agent_reach_controller.server import running_controller
 from tests.integration.stack import api_client, components_for, listening_settings, write_tools
@@ -138,3 +139,14 @@ async def test_building_the_document_does_not_hold_the_other_requests(
         assert answered == 5, f"only {answered} requests were answered while it was built"
         again = await other.get("/openapi.json")
         assert again.json() == (await document).json()
+
+
+async def test_a_controller_under_a_prefix_names_it_as_its_server(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with components_for(sqlite_url, write_tools(tmp_path)) as c:
+        app = create_app(c)
+        transport = httpx.ASGITransport(app=app, root_path="/reach")
+        async with httpx.AsyncClient(transport=transport, base_url="http://reach") as client:
+            doc = (await client.get("/openapi.json")).json()
+    assert doc["servers"][0] == {"url": "/reach"}

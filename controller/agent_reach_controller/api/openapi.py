@@ -70,8 +70,17 @@ def install(app: FastAPI) -> None:
             return app.openapi_schema
 
     async def serve(request: Request) -> JSONResponse:
-        del request
-        doc = app.openapi_schema or await asyncio.to_thread(openapi)
+        cached = app.openapi_schema
+        doc = cached if cached is not None else await asyncio.to_thread(openapi)
+        # As FastAPI's route does: a controller mounted under a prefix names it as its server.
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        servers = doc.get("servers", [])
+        if (
+            root_path
+            and app.root_path_in_servers
+            and root_path not in {s.get("url") for s in servers}
+        ):
+            doc = {**doc, "servers": [{"url": root_path}, *servers]}
         return JSONResponse(doc)
 
     app.openapi = openapi  # type: ignore[method-assign]
