@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import traceback
+import warnings
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Flaky
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
@@ -31,6 +34,7 @@ from tests.integration.stack import api_client, components_for, key_for, write_t
 
 T = TypeVar("T")
 MAX_EXAMPLES = 30
+SHARDS = 5
 # Each commit draws the same examples, so a run that passed here passes in CI: Schemathesis's
 # negative mode still has false positives at random (a one-element array sent as a valid string).
 # REACH_SCHEMATHESIS_RANDOM=1 draws fresh examples, to explore.
@@ -96,28 +100,53 @@ def stack(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[AppLoop, Components
         app_loop.close()
 
 
-def test_the_published_openapi_holds_under_schemathesis(
+def published_operations(app_loop: AppLoop, c: Components) -> list[Any]:
+    """The controller's operations, as Schemathesis reads them from the published document,
+    sorted so that every shard takes the same ones on every run."""
+    app = create_app(c)
+    schema = schemathesis.openapi.from_dict(app.openapi())
+    schema.app = app_loop.bridge(app)
+    return sorted((result.ok() for result in schema.get_all_operations()), key=lambda op: op.label)
+
+
+def test_every_operation_is_published_and_every_v1_one_declares_a_key(
     stack: tuple[AppLoop, Components, dict[str, str]],
 ) -> None:
-    app_loop, c, admin = stack
-    app = create_app(c)
-    raw = app.openapi()
-    schema = schemathesis.openapi.from_dict(raw)
-    schema.app = app_loop.bridge(app)
-    operations = [result.ok() for result in schema.get_all_operations()]
+    app_loop, c, _ = stack
+    operations = published_operations(app_loop, c)
     labels = {op.label for op in operations}
     assert {"GET /healthz", "GET /readyz", "POST /v1/tasks", "POST /v1/keys"} <= labels
     v1 = [op for op in operations if op.path.startswith("/v1")]
+    assert v1
     assert all(op.definition.raw.get("security") for op in v1), "every /v1 route declares a key"
+
+
+def chain(exc: BaseException) -> str:
+    """The whole exception: a Hypothesis "flaky" report holds the failure it saw first."""
+    return "".join(traceback.format_exception(exc))
+
+
+def modes_for(operation: Any) -> list[GenerationMode]:
+    """Positive cases for every operation; negative ones for those that take input."""
+    raw = operation.definition.raw
+    takes_input = "parameters" in raw or "requestBody" in raw
+    return [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * takes_input
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_the_published_openapi_holds_under_schemathesis(
+    stack: tuple[AppLoop, Components, dict[str, str]], shard: int
+) -> None:
+    """One shard of the operations, each on a fresh database: one test for all 65 operations
+    took over two minutes on a loaded machine, past the per-test timeout."""
+    app_loop, c, admin = stack
+    operations = published_operations(app_loop, c)[shard::SHARDS]
     cases = 0
     statuses: dict[int, int] = {}
     failures: list[str] = []
 
     for operation in operations:
-        raw_operation = operation.definition.raw
-        takes_input = "parameters" in raw_operation or "requestBody" in raw_operation
-        modes = [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * takes_input
-        for mode in modes:
+        for mode in modes_for(operation):
 
             @settings(
                 max_examples=MAX_EXAMPLES,
@@ -134,12 +163,23 @@ def test_the_published_openapi_holds_under_schemathesis(
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                 case.validate_response(response, checks=CHECKS, headers=admin)
 
-            try:
-                check()
-            except Exception as exc:
-                failures.append(f"{operation.label} [{mode.value}]: {exc}")
+            for attempt in (1, 2):
+                try:
+                    check()
+                except Flaky as exc:
+                    # A failure Hypothesis saw once and could not replay (seen on a loaded CI
+                    # machine, a different operation each run). The run is repeated; only a
+                    # failure that comes back fails the test, and the first one is reported.
+                    report = f"{operation.label} [{mode.value}], run {attempt}:\n{chain(exc)}"
+                    if attempt == 2:
+                        failures.append(report)
+                    warnings.warn(report, stacklevel=1)
+                    continue
+                except Exception as exc:
+                    failures.append(f"{operation.label} [{mode.value}]:\n{chain(exc)}")
+                break
 
-    print(f"schemathesis: {len(operations)} operations, {cases} cases, statuses {statuses}")
+    print(f"schemathesis shard {shard}: {len(operations)} operations, {cases} cases, {statuses}")
     assert not failures, "\n\n".join(failures)
     assert 500 not in statuses
     assert cases >= len(operations) * MAX_EXAMPLES // 2
