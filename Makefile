@@ -8,7 +8,7 @@ PIP_COMPILE_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-truste
 	--no-emit-find-links --no-emit-options --allow-unsafe
 
 .PHONY: help setup tools run test test-unit test-integration test-e2e test-faults lint fmt typecheck \
-	proto proto-check migrations-check bench bench-http bench-grpc bench-report bench-scale bench-memory services-up requirements clean compose-token
+	proto proto-check migrations-check bench bench-http bench-grpc bench-report bench-floor bench-scale bench-memory services-up requirements clean compose-token
 
 help:
 	@echo "make run     start the embedded stack (SQLite, in-process executor) with the demo"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-http  the http connector's calls/s to a local downstream"
 	@echo "make bench-grpc  grpc.aio's server CPU per unary call and per stream message"
 	@echo "make bench-report  the report path alone: controller and Postgres CPU per result"
+	@echo "make bench-floor  our controller's CPU per task beside a skeleton's on the same stack"
 	@echo "make bench-scale  cost per step with 10k, 100k and 1M steps queued"
 	@echo "make bench-memory  memory search's precision@k and recall@k on a labelled set"
 	@echo "make tools   install promtool and Chromium (Debian packages) if missing"
@@ -115,6 +116,10 @@ bench-grpc: setup
 # The report path alone: controller and Postgres CPU per result, one and sixteen a report.
 bench-report: setup
 	$(PY) -m tests.bench.reports
+
+# Our controller's CPU per task beside a skeleton controller's (same stack, no guarantees).
+bench-floor: setup
+	$(PY) -m tests.bench.floor
 
 # Steps/s and controller CPU per step with 10 k, 100 k and 1 M steps queued behind them.
 bench-scale: setup

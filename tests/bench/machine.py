@@ -149,3 +149,8 @@ def machine_busy(seconds: float = 1.0) -> float:
     time.sleep(seconds)
     busy1, total1 = _cpu_ticks()
     return 100 * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy so far (all cores; idle and iowait left out)."""
+    return _cpu_ticks()[0] / _TICK
