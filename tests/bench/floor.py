@@ -23,8 +23,12 @@ Each round starts each stack afresh on a fresh database, warms it with 500 tasks
 N; the two stacks take turns, so the machine's drift falls on both. Printed per round and as
 medians: tasks/s and CPU per task (ms) of the controller, the executor, Postgres (all its
 processes) and the whole machine, then our controller's CPU over the skeleton's. Loads:
-AGENT_REACH_BENCH_FLOOR_CLIENTS (submitters, default "1,8"); sizes: AGENT_REACH_BENCH_FLOOR_TASKS
-(N, default 3000), AGENT_REACH_BENCH_REPEATS (rounds, 3), AGENT_REACH_BENCH_POSTGRES (admin URL).
+AGENT_REACH_BENCH_FLOOR_CLIENTS (submitters, default "1,8"); AGENT_REACH_BENCH_FLOOR_RATE (tasks/s
+of all submitters together; unset, each submits as soon as it is answered). A faster stack
+batches more and finds its processes awake more often, so unpaced it also pays less per task for
+being faster: paced at a rate both reach, the two compare at equal load. Sizes:
+AGENT_REACH_BENCH_FLOOR_TASKS (N, default 3000), AGENT_REACH_BENCH_REPEATS (rounds, 3),
+AGENT_REACH_BENCH_POSTGRES (admin URL).
 """
 
 from __future__ import annotations
@@ -354,10 +358,18 @@ def ours(admin_url: str, workdir: Path) -> Iterator[Target]:
         )
 
 
-def _submitter(port: int, authorization: str, n: int, errors: list[str]) -> None:
+def _submitter(
+    port: int, authorization: str, n: int, errors: list[str], every: float | None = None
+) -> None:
+    """Submit n tasks one by one; with `every`, one every `every` seconds (none left behind)."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
     headers = {"Authorization": authorization, "Content-Type": "application/json"}
+    due = time.monotonic()
     for _ in range(n):
+        if every is not None:
+            due += every
+            if (pause := due - time.monotonic()) > 0:
+                time.sleep(pause)
         conn.request("POST", "/v1/tasks", BODY, headers)
         answer = conn.getresponse()
         text = answer.read()
@@ -383,9 +395,12 @@ def _wait_for_http(port: int, deadline: float) -> None:
             time.sleep(0.05)
 
 
-def _load(target: Target, n: int, clients: int, *, within: float = 300) -> tuple[float, ...]:
-    """Submit n tasks from `clients` threads and wait until all succeeded: (tasks/s, then ms of
-    CPU per task of the controller, the executor, Postgres and the whole machine)."""
+def _load(
+    target: Target, n: int, clients: int, *, rate: float | None = None, within: float = 300
+) -> tuple[float, ...]:
+    """Submit n tasks from `clients` threads (all together at most `rate` a second, if given) and
+    wait until all succeeded: (tasks/s, then ms of CPU per task of the controller, the executor,
+    Postgres and the whole machine)."""
     base, errors = _succeeded(target.database_url), []
     parts = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
 
@@ -399,7 +414,10 @@ def _load(target: Target, n: int, clients: int, *, within: float = 300) -> tuple
 
     before, start = cpu(), time.perf_counter()
     threads = [
-        threading.Thread(target=_submitter, args=(target.port, target.authorization, k, errors))
+        threading.Thread(
+            target=_submitter,
+            args=(target.port, target.authorization, k, errors, clients / rate if rate else None),
+        )
         for k in parts
     ]
     for t in threads:
@@ -438,8 +456,10 @@ def main() -> None:
     tasks = int(os.environ.get("AGENT_REACH_BENCH_FLOOR_TASKS", "3000"))
     repeats = int(os.environ.get("AGENT_REACH_BENCH_REPEATS", "3"))
     loads = [int(c) for c in os.environ.get("AGENT_REACH_BENCH_FLOOR_CLIENTS", "1,8").split(",")]
+    rate = float(os.environ.get("AGENT_REACH_BENCH_FLOOR_RATE", "0")) or None
     print("\n".join(header_lines(admin)))
-    print(f"{tasks} one-step tasks a round, the two controllers in turn, {repeats} rounds a load")
+    paced = f", paced at {rate:g} tasks/s" if rate else ", each submitter as fast as it is answered"
+    print(f"{tasks} one-step tasks a round{paced}; the two controllers in turn, {repeats} rounds")
     with tempfile.TemporaryDirectory() as tmp:
         for clients in loads:
             rows: dict[str, list[tuple[float, ...]]] = {}
@@ -450,7 +470,7 @@ def main() -> None:
                 ):
                     with start(admin) as target:
                         _load(target, min(500, tasks), clients)  # warm-up, not counted
-                        row = _load(target, tasks, clients)
+                        row = _load(target, tasks, clients, rate=rate)
                     rows.setdefault(target.name, []).append(row)
                     print(f"{clients} submitter(s), round {round_ + 1}: {_line(target.name, row)}")
             medians = {
