@@ -65,8 +65,8 @@ async def test_a_turn_announces_its_end_signed_and_retried(
             replay = (await api.get(f"/v1/tasks/{task_id}/replay")).json()
             assert "webhook" not in replay["request"]
             assert TOKEN not in str(replay)
-        (row,) = [r for r in await outbox(c) if r.kind == "task.finished"]
-        assert (row.attempts, row.last_error) == (2, None)
+            (row,) = [r for r in await outbox(c) if r.kind == "task.finished"]
+            assert (row.attempts, row.last_error) == (2, None)
 
 
 async def test_only_allowed_hosts_and_only_when_configured(sqlite_url: str, tmp_path: Path) -> None:
