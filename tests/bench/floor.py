@@ -26,7 +26,10 @@ processes) and the whole machine, then our controller's CPU over the skeleton's.
 AGENT_REACH_BENCH_FLOOR_CLIENTS (submitters, default "1,8"); AGENT_REACH_BENCH_FLOOR_RATE (tasks/s
 of all submitters together; unset, each submits as soon as it is answered). A faster stack
 batches more and finds its processes awake more often, so unpaced it also pays less per task for
-being faster: paced at a rate both reach, the two compare at equal load. Sizes:
+being faster: paced at a rate both reach, the two compare at equal load. Last, the latency the
+peers measure: one submitter at a steady AGENT_REACH_BENCH_FLOOR_LATENCY_RATE tasks/s (default
+50; 0 skips it), 300 tasks a round whose step reports when the executor started it; the median
+of start less send, per stack. Sizes:
 AGENT_REACH_BENCH_FLOOR_TASKS (N, default 3000), AGENT_REACH_BENCH_REPEATS (rounds, 3),
 AGENT_REACH_BENCH_POSTGRES (admin URL).
 """
@@ -62,6 +65,7 @@ HTTP_PORT, GRPC_PORT = 18791, 18792
 KEY = b"Bearer floor-key"
 BODY = orjson.dumps({"steps": [{"step_id": "s", "tool": "noop", "args": {}}]})
 SLOTS = 64
+LATENCY_TASKS = 300
 # How long a poll waits for a step (the test shortens it, so that polls give up while submits
 # are handing them steps).
 POLL_WAIT = float(os.environ.get("AGENT_REACH_BENCH_FLOOR_POLL_WAIT", "1"))
@@ -302,8 +306,8 @@ async def _execute() -> None:
         try:
             while True:
                 steps = orjson.loads(await poll(orjson.dumps({"holder": holder, "limit": SLOTS})))
-                for step_id, _tool, args in steps:
-                    results.append([step_id, args])
+                for step_id, _tool, _args in steps:
+                    results.append([step_id, time.time()])  # its result: when it started
                 if steps:
                     ready.set()
         finally:
@@ -320,6 +324,8 @@ class Target:
     controller: int  # pids
     executor: int
     database_url: str
+    timed: bytes  # a one-step task whose step's output is when it started (executor's clock)
+    started: str  # SQL: (task id, started) of the steps of the task ids given as %(ids)s
 
 
 @contextlib.contextmanager
@@ -332,7 +338,17 @@ def skeleton(admin_url: str) -> Iterator[Target]:
         try:
             _wait_for_http(HTTP_PORT, time.monotonic() + 30)
             procs.append(subprocess.Popen([*me, "--execute"]))
-            yield Target("skeleton", HTTP_PORT, KEY.decode(), procs[0].pid, procs[1].pid, url)
+            yield Target(
+                "skeleton",
+                HTTP_PORT,
+                KEY.decode(),
+                procs[0].pid,
+                procs[1].pid,
+                url,
+                timed=BODY,
+                started="SELECT task_id::text, (result #>> '{}')::float8 FROM steps "
+                "WHERE task_id = ANY(%(ids)s::bigint[])",
+            )
         finally:
             for proc in reversed(procs):
                 proc.terminate()
@@ -355,6 +371,9 @@ def ours(admin_url: str, workdir: Path) -> Iterator[Target]:
             stack.controller.popen.pid,
             executor.popen.pid,
             stack.database_url,
+            timed=orjson.dumps({"steps": [{"step_id": "s", "tool": "clock", "args": {}}]}),
+            started="SELECT task_id, (output #>> '{}')::float8 FROM steps "
+            "WHERE task_id = ANY(%(ids)s)",
         )
 
 
@@ -435,6 +454,39 @@ def _load(
     return (n / wall, *((b - a) * 1000 / n for a, b in zip(before, after, strict=True)))
 
 
+def _latency(target: Target, n: int, rate: float) -> float:
+    """One submitter sends n timed tasks at `rate` a second: the median, in ms, of each step's
+    start (the executor's clock) less the moment its submit was sent."""
+    conn = http.client.HTTPConnection("127.0.0.1", target.port)
+    headers = {"Authorization": target.authorization, "Content-Type": "application/json"}
+    sent: dict[str, float] = {}
+    due = time.monotonic()
+    for _ in range(n):
+        due += 1 / rate
+        if (pause := due - time.monotonic()) > 0:
+            time.sleep(pause)
+        at = time.time()
+        conn.request("POST", "/v1/tasks", target.timed, headers)
+        answer = conn.getresponse()
+        text = answer.read()
+        if answer.status != 202:
+            raise RuntimeError(
+                f"{target.name}: a submit was refused: {answer.status} {text[:200]!r}"
+            )
+        sent[orjson.loads(text)["task_id"]] = at
+    deadline = time.monotonic() + 60
+    with psycopg.connect(target.database_url, autocommit=True) as db:
+        while True:
+            rows = db.execute(target.started, {"ids": list(sent)}).fetchall()
+            started = {str(task): at for task, at in rows if at is not None}
+            if len(started) == n:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{target.name}: {n - len(started)} timed tasks never started")
+            time.sleep(0.05)
+    return statistics.median((started[t] - at) * 1000 for t, at in sent.items())
+
+
 def _line(name: str, row: Sequence[float]) -> str:
     rate, ctl, exe, pg, whole = row
     return (
@@ -457,6 +509,7 @@ def main() -> None:
     repeats = int(os.environ.get("AGENT_REACH_BENCH_REPEATS", "3"))
     loads = [int(c) for c in os.environ.get("AGENT_REACH_BENCH_FLOOR_CLIENTS", "1,8").split(",")]
     rate = float(os.environ.get("AGENT_REACH_BENCH_FLOOR_RATE", "0")) or None
+    latency_rate = float(os.environ.get("AGENT_REACH_BENCH_FLOOR_LATENCY_RATE", "50"))
     print("\n".join(header_lines(admin)))
     paced = f", paced at {rate:g} tasks/s" if rate else ", each submitter as fast as it is answered"
     print(f"{tasks} one-step tasks a round{paced}; the two controllers in turn, {repeats} rounds")
@@ -486,6 +539,27 @@ def main() -> None:
                 f"x{real[1] / floor[1]:.2f}, tasks/s x{real[0] / floor[0]:.2f}",
                 flush=True,
             )
+        if latency_rate:
+            _latencies(admin, Path(tmp), repeats, latency_rate)
+
+
+def _latencies(admin: str, tmp: Path, repeats: int, rate: float) -> None:
+    """p50 submit -> start, one submitter at a steady `rate`, both stacks in turn."""
+    print(f"submit -> start, one submitter at {rate:g} tasks/s, {LATENCY_TASKS} tasks a round:")
+    p50s: dict[str, list[float]] = {}
+    for round_ in range(repeats):
+        for start in (skeleton, functools.partial(ours, workdir=tmp / f"latency-{round_}")):
+            with start(admin) as target:
+                _load(target, 200, 1)  # warm-up, not counted
+                p50 = _latency(target, LATENCY_TASKS, rate)
+            p50s.setdefault(target.name, []).append(p50)
+            print(f"  round {round_ + 1}: {target.name:>16}: p50 {p50:.2f} ms", flush=True)
+    floor, real = (statistics.median(p50s[n]) for n in ("skeleton", "reach controller"))
+    print(
+        f"  medians of {repeats}: skeleton {floor:.2f} ms, reach controller {real:.2f} ms "
+        f"(x{real / floor:.2f})",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
