@@ -8,7 +8,7 @@ until all have succeeded. What the skeleton does per task, and nothing else:
 - HTTP (uvicorn, httptools, uvloop; a bare ASGI callable, no framework): read the body, check a
   bearer key, parse the JSON, answer 202 once the task is committed.
 - Postgres (psycopg 3, async): the submits that arrive while a commit is in flight share the next
-  one, as our group commit does. One statement stores a task row and its step row, and hands the
+  one (our `GroupCommit`). One statement stores a task row and its step row, and hands the
   step straight to a waiting poll when there is one (our hand-off). A poll that finds nothing
   handed claims with one statement (`FOR UPDATE SKIP LOCKED`); a report ends its steps and their
   tasks with one statement.
@@ -58,6 +58,7 @@ import psycopg
 import uvicorn
 import uvloop
 
+from agent_reach_controller.services.groups import GroupCommit
 from tests.bench.machine import cpu_seconds, header_lines, machine_cpu_seconds, postgres_cpu_seconds
 from tests.bench.scenarios import Config, fresh_database, running_stack, write_bench_tools
 
@@ -114,39 +115,6 @@ WHERE id IN (SELECT task_id FROM done)
 """
 
 
-class Grouped:
-    """Runs `commit(items)` for the items that arrived while the previous commit was in flight."""
-
-    def __init__(self, commit: Callable[[list[Any]], Awaitable[None]]) -> None:
-        self._commit = commit
-        self._queue: list[tuple[Any, asyncio.Future[None]]] = []
-        self._busy = False
-        self._drainer: asyncio.Task[None] | None = None
-
-    async def __call__(self, item: Any) -> None:
-        done = asyncio.get_running_loop().create_future()
-        self._queue.append((item, done))
-        if not self._busy:
-            self._busy = True
-            self._drainer = asyncio.create_task(self._drain())
-        await done
-
-    async def _drain(self) -> None:
-        try:
-            while self._queue:
-                group, self._queue = self._queue, []
-                try:
-                    await self._commit([item for item, _ in group])
-                except Exception as exc:  # every member learns it: nothing was written
-                    for _, done in group:
-                        done.set_exception(exc)
-                else:
-                    for _, done in group:
-                        done.set_result(None)
-        finally:
-            self._busy = False
-
-
 class Skeleton:
     """The controller's state: three connections (submits, claims, reports) and waiting polls."""
 
@@ -155,9 +123,12 @@ class Skeleton:
         self.next_id = int(time.time() * 1000) << 20
         self.waiting: list[tuple[str, asyncio.Future[list[list[Any]]]]] = []
         self.queued = asyncio.Event()
-        self.group = Grouped(self._store)
+        # Submits that arrive while a commit is in flight share the next one (ours, as it is).
+        self.group: GroupCommit[tuple[int, Any, str, Any], None] = GroupCommit(
+            lambda item: self._store([item]), self._store
+        )
 
-    async def _store(self, items: list[tuple[int, Any, str, Any]]) -> None:
+    async def _store(self, items: Sequence[tuple[int, Any, str, Any]]) -> list[None]:
         handed: list[tuple[asyncio.Future[list[list[Any]]], list[Any]]] = []
         rows = []
         for step_id, request, tool, args in items:
@@ -176,6 +147,7 @@ class Skeleton:
             poll.set_result([step])
         if len(handed) < len(rows):
             self.queued.set()
+        return [None] * len(rows)
 
     async def submit(self, body: bytes) -> int:
         plan = orjson.loads(body)
