@@ -24,6 +24,7 @@ from agent_reach_controller.services.autoscaling import AutoscalingService
 from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.feed import EventFeed
 from agent_reach_controller.services.handoff import HandOff
+from agent_reach_controller.services.held import HeldLeases
 from agent_reach_controller.services.intake import IntakeService
 from agent_reach_controller.services.leases import LeaseKeeper
 from agent_reach_controller.services.leasing import Guards, LeaseTimings, LeasingService
@@ -220,8 +221,9 @@ async def open_components(settings: ControllerSettings) -> Components:
         metrics=metrics,
         settle=work.settle,
     )
+    held = HeldLeases() if db.is_postgres else None
     hand_off = (
-        HandOff(registry=registry, notifier=notifier)
+        HandOff(registry=registry, notifier=notifier, held=held)
         if settings.hand_off and db.is_postgres
         else None
     )
@@ -271,7 +273,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         admission=admission,
         leasing=leasing,
         reporting=ReportingService(
-            work=work, sessions=sessions, tool_health=tool_health, expiry=expiry
+            work=work, sessions=sessions, tool_health=tool_health, expiry=expiry, held=held
         ),
         expiry=expiry,
         leases=leases,

@@ -43,6 +43,7 @@ from typing import Any
 
 from agent_reach.states import StepStatus, TaskStatus, Transition
 from agent_reach_controller.domain.records import StepChange, StepRow
+from agent_reach_controller.services.held import HeldLeases
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.sessions import Session
 from agent_reach_controller.storage import claims
@@ -126,9 +127,12 @@ def governed(tool: ToolSpec) -> bool:
 class HandOff:
     """The pollers waiting on this replica, and the leases submits offer them."""
 
-    def __init__(self, *, registry: ToolRegistry, notifier: Notifier) -> None:
+    def __init__(
+        self, *, registry: ToolRegistry, notifier: Notifier, held: HeldLeases | None = None
+    ) -> None:
         self._registry = registry
         self._notifier = notifier
+        self._held = held  # where the rows of a one-step task's lease are kept for its report
         self._waiters: list[Waiter] = []
         self._nudges: set[asyncio.Task[None]] = set()
         self.handed = 0  # steps handed over
@@ -200,11 +204,16 @@ class HandOff:
 
         before_commit(conn, functools.partial(_expect_taken, taken=taken, now=now))
 
+        alone = self._held is not None and sum(1 for _ in new.rows()) == 1
+
         async def deliver() -> None:
             for step, waiter in taken:
                 waiter.promised -= 1
                 if waiter.open:
-                    waiter.offered.append(new.step_row(step.id, queued_at=now))
+                    leased = new.step_row(step.id, queued_at=now)
+                    waiter.offered.append(leased)
+                    if alone and self._held is not None:
+                        self._held.remember(new.task_row(), leased)
             self.handed += len(taken)
             await self._notifier.nudge()
 

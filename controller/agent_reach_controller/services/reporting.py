@@ -18,6 +18,7 @@ from agent_reach_controller.decide.outcomes import AttemptResult, decide_result
 from agent_reach_controller.domain.records import StepChange, StepRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.expiry import ExpiryService
+from agent_reach_controller.services.held import HeldLeases
 from agent_reach_controller.services.leases import Refusal, record_refusal
 from agent_reach_controller.services.sessions import Session, SessionService
 from agent_reach_controller.services.tool_health import ToolHealth
@@ -60,8 +61,11 @@ class ReportingService:
         sessions: SessionService | None,
         tool_health: ToolHealth,
         expiry: ExpiryService,
+        held: HeldLeases | None = None,
     ) -> None:
         self._work = work
+        # The rows of the leases this replica handed out, for reports that need no read.
+        self.held = held
         self._registry = work.registry
         self.metrics: ControllerMetrics = work.metrics
         self.sessions = sessions
@@ -82,13 +86,20 @@ class ReportingService:
         if not results:
             return []
         caller = Caller(holder=session.id if session else executor_id, session=session)
+        tried: list[bool] = []  # each run of `apply`: whether it decided on held rows
 
         async def apply(tx: TaskWork) -> tuple[list[Ack], set[str], set[str]]:
+            if tried and tried[-1] and self.held is not None:
+                self.held.refused += 1  # a task had changed: decided again, read under the lock
             if session is not None and self.sessions is not None:
                 # A revoked or expired session's results count for nothing, even in flight: the
                 # heartbeat is the commit's guard (on Postgres no statement of its own).
                 await self.sessions.touch(tx.conn, session.id, now=tx.now, at_commit=True)
-            await tx.lock_steps([r.step_key for r in results])
+            keys = [r.step_key for r in results]
+            held = self.held.take(keys) if self.held is not None else None
+            tried.append(held is not None and await tx.hold(*held))
+            if not tried[-1]:
+                await tx.lock_steps(keys)
             acks, opened = await self._apply(tx, results, caller=caller)
             changed = {
                 tx.steps[r.step_key].tool

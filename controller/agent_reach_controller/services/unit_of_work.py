@@ -47,6 +47,7 @@ from agent_reach_controller.decide.outcomes import Budget, Decision, terminal_va
 from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services import webhooks
+from agent_reach_controller.services.held import HeldRowsChanged
 from agent_reach_controller.services.registry import ToolRegistry
 from agent_reach_controller.services.webhooks import WebhookSender
 from agent_reach_controller.storage import advance_writes as writes_to
@@ -164,6 +165,29 @@ class TaskWork:
             [(s.tool, s.tool_version) for s in self.steps.values()], conn=self.conn
         )
         return self.steps
+
+    async def hold(self, tasks: dict[str, TaskRow], steps: dict[int, StepRow]) -> bool:
+        """Decide on these rows, as this replica leased them, instead of reading them under the
+        locks (`lock_steps`): every step of each task is among `steps` (services/held.py).
+
+        Only in a unit begun `certain` (Postgres): its commit locks the tasks ahead of any
+        write and raises `HeldRowsChanged`, having written nothing, if a task's version moved or
+        a cancel was asked for since; the steps' changes are guarded as always. So does any
+        round trip before the commit (a write then would lock a row before its task): the unit
+        runs again, reading under the locks (`UnitOfWork.run`). Returns False (nothing taken)
+        elsewhere: the caller reads under the locks."""
+        if not self._certain or self._waiting or self.tasks:
+            return False
+        self.tasks, self.steps = tasks, steps
+        self._locked = sorted(tasks)
+        self._whole = {t: {} for t in tasks}
+        for key, step in steps.items():
+            self._whole[step.task_id][key] = step
+        await self._work.registry.ensure(
+            [(s.tool, s.tool_version) for s in steps.values()], conn=self.conn
+        )
+        locks.expect_unchanged(self.conn, tasks.values(), refusal=HeldRowsChanged)
+        return True
 
     async def lock_task(self, task_id: str) -> TaskRow | None:
         """Lock one task and read it (None if there is no such task)."""
@@ -394,8 +418,14 @@ class UnitOfWork:
         trip fewer). Should one lose after all (a writer that did not take its task's lock),
         nothing was written, and `body` runs again in a unit that sends each change as made."""
         try:
-            async with self.begin(now, certain=True) as tx:
-                return await body(tx)
+            try:
+                async with self.begin(now, certain=True) as tx:
+                    return await body(tx)
+            except HeldRowsChanged:
+                # Decided on rows a task's change made stale: again, reading under the locks
+                # (the body has taken the rows it held).
+                async with self.begin(now, certain=True) as tx:
+                    return await body(tx)
         except store.StepMovedError:
             log.warning(
                 "a step changed without its task's lock; its unit of work ran again",

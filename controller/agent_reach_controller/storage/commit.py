@@ -42,9 +42,16 @@ class CommitStatement:
         # Parts whose value is handed back once the statement has run: (part, answer).
         self._readers: list[tuple[int, Callable[[Any], None]]] = []
         self._cursor: psycopg.AsyncCursor[Any] | None = None
+        # Guards sent as statements of their own before this one, in the same round trip.
+        self._ahead: list[tuple[str, Mapping[str, Any]]] = []
 
     def __bool__(self) -> bool:
-        return bool(self._parts)
+        return bool(self._parts or self._ahead)
+
+    @property
+    def single(self) -> bool:
+        """Whether it is one statement (no guard goes ahead of it)."""
+        return not self._ahead
 
     def write(self, sql: str, params: Mapping[str, Any]) -> None:
         """Add an INSERT or UPDATE (Postgres runs it whether or not anything reads its rows).
@@ -78,16 +85,32 @@ class CommitStatement:
         (`count(*) = 1`); if not, nothing of the transaction is written and committing it
         raises `refusal()`: an exception class, or a function that makes the exception (one
         with a name, not a lambda: the guard names it in SQL)."""
+        check = self._check(holds, refusal)
+        if (sql, params, check) not in self._parts:  # one guard asked for twice is checked once
+            self._parts.append((sql, params, check))
+
+    def ahead(
+        self, sql: str, params: Mapping[str, Any], *, holds: str, refusal: Callable[[], Exception]
+    ) -> None:
+        """Add a guard as `expect` does, but sent as a statement of its own before this one (in
+        the same round trip): for one that takes row locks, which must be held before any part
+        of this statement writes (a statement's parts run in no set order)."""
+        check = self._check(holds, refusal)
+        self._ahead.append((f"SELECT {check} FROM ({sql.strip()}) AS guarded", params))
+
+    def _check(self, holds: str, refusal: Callable[[], Exception]) -> str:
         name = getattr(refusal, "__name__", "")
         if not _REFUSAL_NAME.fullmatch(name):
             raise ValueError(f"refusal {name!r} cannot be named in SQL")
         self._refusals[name] = refusal
-        check = f"CASE WHEN {holds} THEN true ELSE agent_reach_refuse('{name}') END"
-        if (sql, params, check) not in self._parts:  # one guard asked for twice is checked once
-            self._parts.append((sql, params, check))
+        return f"CASE WHEN {holds} THEN true ELSE agent_reach_refuse('{name}') END"
 
     async def send(self, pg: AsyncConnection[Any], *, prepare: bool | None) -> None:
-        """Queue the statement (in the caller's pipeline)."""
+        """Queue the guards that go ahead, then the statement (in the caller's pipeline)."""
+        for sql, params in self._ahead:
+            await pg.execute(sql, params, prepare=prepare)
+        if not self._parts:
+            return
         params = {
             f"p{i}_{name}": value
             for i, (_, part, _) in enumerate(self._parts)

@@ -30,6 +30,7 @@ _ON_COMMIT = f"{TX_STATE_PREFIX}on_commit"
 _UNDONE = f"{TX_STATE_PREFIX}undone"
 _STATEMENT = f"{TX_STATE_PREFIX}statement"
 _QUEUED = f"{TX_STATE_PREFIX}queued"
+_LOCKS_FIRST = f"{TX_STATE_PREFIX}locks_first"
 # Kept for the life of the pooled connection (its `info` is per DBAPI connection).
 _DRIVER = "agent_reach.driver"
 CommitHook = Callable[[AsyncConnection], Awaitable[None]]
@@ -60,6 +61,20 @@ def queue_statement(
     queued.append((sql, params, then))
 
 
+def nothing_before_commit(conn: AsyncConnection, refusal: Callable[[], Exception]) -> None:
+    """Refuse (raise `refusal()`) any round trip of this Postgres transaction before its
+    commit's: for one whose commit takes its row locks ahead of its writes (`CommitStatement.
+    ahead`), where a write sent earlier would take a lock out of that order."""
+    conn.info[_LOCKS_FIRST] = refusal
+
+
+def _nothing_yet(conn: Any, *_: Any) -> None:
+    """`nothing_before_commit` for statements sent through SQLAlchemy."""
+    refusal: Callable[[], Exception] | None = conn.info.get(_LOCKS_FIRST)
+    if refusal is not None:
+        raise refusal()
+
+
 @contextlib.asynccontextmanager
 async def round_trip(
     conn: AsyncConnection, *, pipeline: bool = False
@@ -68,6 +83,9 @@ async def round_trip(
     pipeline (one round trip) with the queued statements and, if the transaction has sent
     nothing yet, the BEGIN psycopg would otherwise send in a round trip of its own. Without
     either, and unless `pipeline`, statements go as they are executed."""
+    refusal: Callable[[], Exception] | None = conn.info.get(_LOCKS_FIRST)
+    if refusal is not None:
+        raise refusal()
     pg = await driver(conn)
     queued: list[tuple[str, Mapping[str, Any], Answered]] = conn.info.pop(_QUEUED, [])
     if not (queued or pipeline or pg.info.transaction_status is TransactionStatus.IDLE):
@@ -84,9 +102,11 @@ async def round_trip(
 
 
 @contextlib.asynccontextmanager
-async def closing_statement(conn: AsyncConnection) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+async def closing_statement(
+    conn: AsyncConnection, *, single: bool = True
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """The psycopg connection for a Postgres transaction's last statement: the block sends it
-    (one `execute`), and the transaction ends with it, committed.
+    (one `execute`, unless not `single`), and the transaction ends with it, committed.
 
     When the transaction has sent nothing and nothing is queued, the statement goes alone in
     autocommit mode: Postgres runs a single statement as a transaction of its own, all or
@@ -96,7 +116,8 @@ async def closing_statement(conn: AsyncConnection) -> AsyncIterator[psycopg.Asyn
     """
     pg = await driver(conn)
     alone = (
-        pg.info.transaction_status is TransactionStatus.IDLE
+        single
+        and pg.info.transaction_status is TransactionStatus.IDLE
         and not conn.info.get(_QUEUED)
         and not conn.in_transaction()
     )
@@ -275,6 +296,8 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        else:
+            sa.event.listen(self.engine.sync_engine, "before_cursor_execute", _nothing_yet)
         self._observers: list[CommitObserver] = []
         # Postgres connections kept checked out between transactions: a checkout, the handle
         # around it and its return cost ~0.2 ms of CPU per transaction, more than a BEGIN/COMMIT.
@@ -341,12 +364,13 @@ class Database:
         for hook in hooks:
             await hook(conn)
         del conn.info[_STATEMENT]
+        conn.info.pop(_LOCKS_FIRST, None)
         if not statement:
             return
         try:
             # The transaction's end then finds it committed (psycopg's commit() would sync once
             # more).
-            async with closing_statement(conn) as pg:
+            async with closing_statement(conn, single=statement.single) as pg:
                 await statement.send(pg, prepare=prepare(pg))
         except psycopg.Error as error:
             refusal = statement.refusal(error)

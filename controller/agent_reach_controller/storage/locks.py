@@ -3,7 +3,7 @@ replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,6 +14,9 @@ from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.storage import hot
 from agent_reach_controller.storage.engine import (
     Connection,
+    before_commit,
+    commit_statement,
+    nothing_before_commit,
     prepare,
     round_trip,
 )
@@ -33,6 +36,40 @@ SELECT {hot.TASK_COLUMNS} FROM tasks
 WHERE task_id = ANY(ARRAY(SELECT task_id FROM steps WHERE id = ANY(%(keys)s::bigint[])))
 ORDER BY task_id FOR UPDATE
 """
+
+
+# Tasks still at the version they were known at, and not asked to cancel: locked in id order.
+HELD_TASKS = """
+SELECT task_id FROM tasks
+WHERE task_id = ANY(%(ids)s::text[])
+  AND version = (%(versions)s::int[])[array_position(%(ids)s::text[], task_id)]
+  AND NOT cancel_requested
+ORDER BY task_id FOR UPDATE
+"""
+
+
+def expect_unchanged(
+    conn: Connection, known: Iterable[TaskRow], *, refusal: Callable[[], Exception]
+) -> None:
+    """Lock these tasks with the commit (Postgres), before anything of it writes, and commit
+    only if each is still at the version it was `known` at and not asked to cancel; else nothing
+    is written and committing raises `refusal()`.
+
+    For a transaction that decides on rows it did not read under the locks (a report on rows
+    its replica leased, services/held.py): what changes a task's status bumps its version, and a
+    cancel request sets `cancel_requested`; the steps' own changes are guarded by theirs. Any
+    round trip of the transaction before its commit raises `refusal()` too: a write it sent
+    would take its row locks before the tasks'."""
+    rows = sorted((t.task_id, t.version) for t in known)
+    params = {"ids": [i for i, _ in rows], "versions": [v for _, v in rows]}
+
+    async def guard(conn: Connection) -> None:
+        commit_statement(conn).ahead(
+            HELD_TASKS, params, holds="count(*) = cardinality(%(ids)s::text[])", refusal=refusal
+        )
+
+    before_commit(conn, guard)
+    nothing_before_commit(conn, refusal)
 
 
 async def locked_reads(
