@@ -237,6 +237,7 @@ async def open_components(settings: ControllerSettings) -> Components:
         leases=leases,
         tool_health=tool_health,
         hand_off=hand_off,
+        held=held,
     )
     intake = IntakeService(
         work=work,

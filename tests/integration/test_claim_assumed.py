@@ -49,7 +49,7 @@ async def test_a_claim_under_a_stale_assumption_leases_nothing(
         assert (await c.queries.get(queued)).steps[0].status == "ready"
         # A pause of a tool the claimer does not serve does not stop it.
         async with c.db.transaction() as conn:
-            leased, _ = await claims.claim_ready(
+            leased, _, _ = await claims.claim_ready(
                 conn, _claim(now), last=True, assumed=claims.Assumed(current, ["echo.count"])
             )
         assert [s.task_id for s in leased] == [queued]

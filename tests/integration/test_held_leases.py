@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,26 @@ import sqlalchemy as sa
 
 from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.held import HeldLeases, HeldRowsChanged
-from agent_reach_controller.storage import hot
+from agent_reach_controller.storage import claims, hot, locks
 from agent_reach_controller.storage.engine import Database, nothing_before_commit
 from tests.integration.stack import api_client, components_for, write_tools
 from tests.integration.test_commits import _next_xid, executor_plane
-from tests.integration.test_hand_off import PLAN, _events, _polling, _until, _waiting
+from tests.integration.test_hand_off import (
+    PLAN,
+    _events,
+    _polling,
+    _registered,
+    _session_of,
+    _until,
+    _waiting,
+)
+
+TWO_STEPS = {
+    "steps": [
+        {"step_id": "a", "tool": "echo.say", "args": {}},
+        {"step_id": "b", "tool": "echo.say", "args": {}},
+    ]
+}
 
 
 @pytest.fixture
@@ -75,7 +92,13 @@ async def test_the_report_of_a_handed_step_reads_nothing_and_ends_as_a_locked_on
     c, http, stub = plane
     held = _held(c)
     executor, step, task_id = await _handed(c, http, stub)
-    assert len(held) == 1  # remembered once the submit committed
+    kept = held.get(step.lease.step_key)  # kept once the submit committed: as a read gives them
+    assert kept is not None
+    async with c.db.transaction() as conn:
+        tasks, steps, whole = await locks.lock_steps(conn, [step.lease.step_key])
+    assert kept[0] == tasks[task_id]
+    assert replace(kept[1], queued_at=None) == steps[step.lease.step_key]
+    assert task_id in whole
 
     before = _next_xid(postgres_url)
     ack = await executor.report(step.lease, {"ok": True})
@@ -159,6 +182,102 @@ async def test_a_version_moved_while_the_commit_waits_for_the_lock_is_seen(
         ("succeed", "running", "succeeded"),
         ("task_status", "running", "succeeded"),
     ]
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+async def test_a_claim_gives_its_one_step_tasks_as_a_locked_read_gives_them(
+    plane: tuple[Components, Any, Any], guarded: bool
+) -> None:
+    """The task rows a claim hands back (services/held.py) are, field for field, what reading
+    them under the lock gives once it has committed; a task of two steps is not among them."""
+    c, http, _ = plane
+    one = (await http.post("/v1/tasks", json=PLAN)).json()["task_id"]
+    two = (await http.post("/v1/tasks", json=TWO_STEPS)).json()["task_id"]
+    now = datetime.now(UTC)
+    claim = claims.ClaimInput(
+        executor_id="x", connectors=["echo"], limit=5, now=now, lease_expires_at=now
+    )
+    assumed = claims.Assumed(c.registry.revision, ["echo.say"]) if guarded else None
+    async with c.db.transaction() as conn:
+        leased, _, alone = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
+    assert {s.task_id for s in leased} == {one, two}
+    assert list(alone) == [one]
+    async with c.db.transaction() as conn:
+        tasks, steps, whole = await locks.lock_steps(conn, [s.id for s in leased])
+    assert alone[one] == tasks[one]
+    (step,) = (s for s in leased if s.task_id == one)
+    assert replace(step, queued_at=None) == steps[step.id]
+    assert one in whole
+
+
+async def test_the_report_of_a_claimed_step_reads_nothing(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    c, http, stub = plane
+    held = _held(c)
+    ends = []
+    for remembered in (True, False):
+        if not remembered:
+            c.reporting.held = None
+        task_id = (await http.post("/v1/tasks", json=PLAN)).json()["task_id"]
+        executor = await _registered(c, stub, name=f"claimer-{remembered}")
+        (step,) = await executor.poll(wait_ms=2000)  # claimed: nobody was waiting
+        assert step.task_id == task_id
+        before = _next_xid(postgres_url)
+        ack = await executor.report(step.lease, {"ok": True})
+        assert ack.accepted, ack.reason
+        ends.append((_next_xid(postgres_url) - before, _rows(postgres_url, task_id)))
+    assert (held.taken, held.refused) == (1, 0)
+    assert ends[0] == ends[1]
+    assert ends[0][1][0][0] == "succeeded"
+
+
+async def test_a_step_requeued_after_its_lease_refuses_the_late_report_under_the_lock(
+    postgres_url: str, plane: tuple[Components, Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep put the step back in the queue at its next attempt, which leaves the task's
+    version alone: the kept rows would accept the late report, the commit finds the step moved,
+    and the report is refused as a locked read refuses it, with no alarm about a writer that
+    broke the lock rule."""
+    c, http, stub = plane
+    held = _held(c)
+    executor, step, task_id = await _handed(c, http, stub)
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute(
+            "UPDATE steps SET status = 'ready', attempt = attempt + 1, lease_owner = NULL"
+            " WHERE id = %s",
+            (step.lease.step_key,),
+        )
+    ack = await executor.report(step.lease, {"ok": True})
+    assert (ack.accepted, ack.reason) == (False, "stale_lease")
+    assert (held.taken, held.refused) == (1, 1)
+    assert "step_moved_unlocked" not in [getattr(r, "event", "") for r in caplog.records]
+    task, step_row, _ = _rows(postgres_url, task_id)
+    assert (task[0], step_row[:2]) == ("running", ("ready", 2))
+
+
+async def test_a_step_leased_again_is_reported_on_rows_read_under_the_lock(
+    postgres_url: str, plane: tuple[Components, Any, Any]
+) -> None:
+    """Kept rows of an earlier attempt, or of another holder, decide nothing: the lease of the
+    next attempt went to an executor whose claim started no task (the task was running)."""
+    c, http, stub = plane
+    held = _held(c)
+    _, step, task_id = await _handed(c, http, stub)
+    assert held.get(step.lease.step_key) is not None
+    with psycopg.connect(postgres_url) as conn:  # revoked: its lease goes back to the queue
+        conn.execute(
+            "UPDATE executor_sessions SET ended_at = now(), end_reason = 'revoked' WHERE id = %s",
+            (_session_of(postgres_url, "waiting"),),
+        )
+    await c.leases.reap_sessions()
+    other = await _registered(c, stub, name="other")
+    (again,) = await other.poll(wait_ms=2000)
+    assert (again.lease.step_key, again.lease.attempt) == (step.lease.step_key, 2)
+    ack = await other.report(again.lease, {"ok": True})
+    assert ack.accepted, ack.reason
+    assert (held.taken, held.missed) == (0, 1)
+    assert _rows(postgres_url, task_id)[0][0] == "succeeded"
 
 
 def _lock_waits(url: str) -> int:

@@ -1,19 +1,21 @@
 """Leases this replica handed out, remembered until their results come back.
 
 A report reads, under its task's lock, the rows it decides on: the task and its steps. For a
-task of one step leased by this replica, the replica already knows both, as the lease left
-them. A report it takes of that step uses those rows instead, with no read of its own, and its
-commit locks the task ahead of any write and checks that nothing changed the task since
-(`storage.locks.expect_unchanged`: its version, which every change of a task's status bumps, and
-no cancel asked for), as the step's change is checked on the step's status and attempt. If
-anything did, nothing is written and the report is decided again on rows read under the lock
-(`UnitOfWork.run`), so the verdict is always the one a locked read would have given.
+task of one step leased by this replica (handed to a waiting poll, services/handoff.py, or
+claimed by a claim that started the task, which gives back the task's row), the replica already
+knows both, as the lease left them. A report it takes of that step uses those rows instead, if
+they accept it, with no read of its own. Its commit locks the task ahead of any write and checks
+that nothing changed the task since (`storage.locks.expect_unchanged`: its version, which every
+change of a task's status bumps, and no cancel asked for), as the step's change is checked on
+the step's status and attempt. If anything did, nothing is written and the report is decided
+again on rows read under the lock (`UnitOfWork.run`), so the verdict is always the one a locked
+read would have given. A refusal is always decided on a locked read (see `HeldLeases.take`).
 
 Rows are kept for tasks whose steps no one else adds to (no agent run's round, none of the
-model steps an agent run has) and whose end writes nothing but the task (no webhook), and
-forgotten once their report arrives; a lease that is never
-reported (its executor went away) is forgotten when `capacity` newer ones push it out. Another
-replica's report of a step leased here reads under the lock as always.
+model steps an agent run has) and whose end writes nothing but the task (no webhook); they are
+forgotten once their report arrives, and a lease never reported (its executor went away) when
+`capacity` newer ones push it out. Another replica's report of a step leased here reads under
+the lock as always.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class HeldLeases:
         self._capacity = capacity
         self._rows: dict[int, tuple[TaskRow, StepRow]] = {}
         self.taken = 0  # reports that used remembered rows
-        self.missed = 0  # reports that found some of theirs not remembered
+        self.missed = 0  # reports with rows kept that could not use them
         self.refused = 0  # reports whose commit found a task changed (decided again, locked)
 
     def __len__(self) -> int:
@@ -66,11 +68,27 @@ class HeldLeases:
             del rows[next(iter(rows))]  # the oldest
         rows[step.id] = (task, step)
 
-    def take(self, keys: Sequence[int]) -> tuple[dict[str, TaskRow], dict[int, StepRow]] | None:
-        """The rows of these steps, forgotten here; None unless every one was remembered."""
-        found = [self._rows.pop(key, None) for key in keys]
-        if not found or any(f is None for f in found):
-            self.missed += bool(found) and any(f is not None for f in found)
+    def get(self, key: int) -> tuple[TaskRow, StepRow] | None:
+        """The rows kept for this step, if any (they stay kept)."""
+        return self._rows.get(key)
+
+    def take(
+        self, reported: Sequence[tuple[int, int]], holder: str
+    ) -> tuple[dict[str, TaskRow], dict[int, StepRow]] | None:
+        """The rows of the steps of these (step key, attempt) results, forgotten here; None
+        unless each was kept, still at that attempt and leased to `holder`.
+
+        Only results their rows would accept are decided on kept rows: the commit checks what a
+        report changes, not what it refuses, so a refusal is always decided on rows read under
+        the lock (the step may have been leased again since, to someone else or at a new
+        attempt, without its task changing)."""
+        found = [self._rows.pop(key, None) for key, _ in reported]
+        usable = len({key for key, _ in reported}) == len(reported) and all(
+            held is not None and held[1].attempt == attempt and held[1].lease_owner == holder
+            for held, (_, attempt) in zip(found, reported, strict=True)
+        )
+        if not usable:
+            self.missed += any(f is not None for f in found)
             return None
         self.taken += 1
         tasks: dict[str, TaskRow] = {}

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -22,10 +22,11 @@ from agent_reach.states import StepStatus
 from agent_reach_controller.decide import approvals
 from agent_reach_controller.decide.outcomes import not_permitted
 from agent_reach_controller.decide.ratelimits import Rate, bucket_key
-from agent_reach_controller.domain.records import StepRow
+from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.caps import CapService, TenantCapsLookup
 from agent_reach_controller.services.handoff import HandOff, Waiter, governed
+from agent_reach_controller.services.held import HeldLeases
 from agent_reach_controller.services.leases import HeartbeatOutcome, LeaseKeeper
 from agent_reach_controller.services.limiter import RateLimiter
 from agent_reach_controller.services.sessions import Session
@@ -108,7 +109,7 @@ class Leased:
 class LeasingService:
     """The executor's side of taking work: poll, claim, heartbeat. Safe in every replica."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its collaborators, all by keyword
         self,
         *,
         work: UnitOfWork,
@@ -117,9 +118,11 @@ class LeasingService:
         leases: LeaseKeeper,
         tool_health: ToolHealth,
         hand_off: HandOff | None = None,
+        held: HeldLeases | None = None,
     ) -> None:
         self._work = work
         self._hand_off = hand_off
+        self._held = held  # where a one-step task's lease is kept for its report
         self._db = work.db
         self._registry = work.registry
         self._notifier = work.notifier
@@ -230,6 +233,7 @@ class LeasingService:
             now = claim.now
             rules = await self._governance(conn, connectors, now, pauses=active)
             self._remember_pauses(connectors, rules.pauses)
+            alone: dict[str, TaskRow] = {}
             if not rules.active:
                 # One statement: the lease, the tasks it starts, their events, the next deferred
                 # step's time; with the COMMIT, unless a breaker's probe may follow.
@@ -238,7 +242,7 @@ class LeasingService:
                     for t in self._registry.catalog.values()
                     if t.connector in connectors
                 )
-                claimed, due = await claims.claim_ready(conn, claim, last=not probes)
+                claimed, due, alone = await claims.claim_ready(conn, claim, last=not probes)
                 drained = len(claimed) < limit
             else:
                 # Rate limits, caps and breakers change with time alone: never "drained".
@@ -251,7 +255,20 @@ class LeasingService:
                     due = min([due, *paused] if due else paused, default=None)
             if claimed:
                 await self.tool_health.start_probes(conn, {s.tool for s in claimed}, now)
+        self._keep(claimed, alone)
         return Leased(steps=claimed, holder=claim.executor_id, at=now, due=due, drained=drained)
+
+    def _keep(self, claimed: Sequence[StepRow], alone: Mapping[str, TaskRow]) -> None:
+        """Keep, for their reports, the rows of the committed leases of one-step tasks (not of
+        a tool with a breaker: its report writes the breaker's row before the commit)."""
+        if self._held is None or not alone:
+            return
+        catalog = self._registry.catalog
+        for step in claimed:
+            task = alone.get(step.task_id)
+            spec = catalog.get(step.tool)
+            if task is not None and spec is not None and spec.breaker is None:
+                self._held.remember(task, step)
 
     def _ungoverned(self, connectors: Sequence[str]) -> list[str] | None:
         """The tools of these connectors if a claim may skip reading the catalogue revision and
@@ -283,8 +300,9 @@ class LeasingService:
         both (claims.AssumptionFailed when not, having leased nothing)."""
         assumed = claims.Assumed(revision=self._registry.revision, tools=tools)
         async with self._db.transaction() as conn:
-            claimed, due = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
+            claimed, due, alone = await claims.claim_ready(conn, claim, last=True, assumed=assumed)
         self.claim_paths["assumed"] += 1
+        self._keep(claimed, alone)
         drained = len(claimed) < claim.limit
         return Leased(
             steps=claimed, holder=claim.executor_id, at=claim.now, due=due, drained=drained

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from agent_reach.errors import DEFINITION_CHANGED, ErrorCode
 from agent_reach.states import StepStatus, Transition
 from agent_reach_controller.decide.outcomes import AttemptResult, decide_result
-from agent_reach_controller.domain.records import StepChange, StepRow
+from agent_reach_controller.domain.records import StepChange, StepRow, TaskRow
 from agent_reach_controller.metrics import ControllerMetrics
 from agent_reach_controller.services.expiry import ExpiryService
 from agent_reach_controller.services.held import HeldLeases
@@ -95,11 +95,10 @@ class ReportingService:
                 # A revoked or expired session's results count for nothing, even in flight: the
                 # heartbeat is the commit's guard (on Postgres no statement of its own).
                 await self.sessions.touch(tx.conn, session.id, now=tx.now, at_commit=True)
-            keys = [r.step_key for r in results]
-            held = self.held.take(keys) if self.held is not None else None
+            held = self._kept_rows(results, caller)
             tried.append(held is not None and await tx.hold(*held))
             if not tried[-1]:
-                await tx.lock_steps(keys)
+                await tx.lock_steps([r.step_key for r in results])
             acks, opened = await self._apply(tx, results, caller=caller)
             changed = {
                 tx.steps[r.step_key].tool
@@ -115,6 +114,18 @@ class ReportingService:
         if any((b := catalog[t].breaker) and b.while_open == "fail_fast" for t in opened):
             await self._expiry.fail_fast_open()
         return acks
+
+    def _kept_rows(
+        self, results: Sequence[AttemptResult], caller: Caller
+    ) -> tuple[dict[str, TaskRow], dict[int, StepRow]] | None:
+        """The rows this replica kept from the leases of these results, if they accept every
+        one (services/held.py); else None: the report reads under the lock."""
+        if self.held is None:
+            return None
+        held = self.held.take([(r.step_key, r.attempt) for r in results], caller.holder)
+        if held is None or not all(caller.holds(held[1][r.step_key], r) for r in results):
+            return None
+        return held
 
     async def _disable_changed(self, tool: str) -> None:
         """A remote tool's definition is no longer the one approved (an MCP server changed it):

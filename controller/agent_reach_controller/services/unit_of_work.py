@@ -146,6 +146,8 @@ class TaskWork:
         self._finished: set[str] = set()
         # Steps of internal connectors a change made ready (an approval): the advance runs them.
         self._internal_ready: dict[int, StepRow] = {}
+        # The rows were kept from the leases (`hold`), not read under the locks.
+        self._held = False
 
     # -- reading under the locks ------------------------------------------------------------------
 
@@ -183,6 +185,7 @@ class TaskWork:
         self._whole = {t: {} for t in tasks}
         for key, step in steps.items():
             self._whole[step.task_id][key] = step
+        self._held = True
         await self._work.registry.ensure(
             [(s.tool, s.tool_version) for s in steps.values()], conn=self.conn
         )
@@ -237,7 +240,12 @@ class TaskWork:
         # again, if anything changes the steps before); a task held whole needs nothing read.
         partial = [t for t in self._locked if t not in self._whole]
         if self._cannot_lose(changes, partial):
-            moved = await store.change_steps_at_commit(self.conn, changes, now=self.now)
+            # On kept rows, a step that moved is a row gone stale, not a writer that broke the
+            # rule: decided again under the locks.
+            refusal = HeldRowsChanged if self._held else store.StepMovedError
+            moved = await store.change_steps_at_commit(
+                self.conn, changes, now=self.now, moved=refusal
+            )
             self._waiting = True
         else:
             moved = await store.change_steps(self.conn, changes, now=self.now, advance_of=partial)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_reach.states import StepStatus, Transition, sources, target
-from agent_reach_controller.domain.records import StepRow
+from agent_reach_controller.domain.records import StepRow, TaskRow
 from agent_reach_controller.storage import hot, schema
 from agent_reach_controller.storage.commit import tight
 from agent_reach_controller.storage.engine import (
@@ -142,7 +142,7 @@ WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATER
         WHERE task_id = ANY(ARRAY(SELECT task_id FROM leased)) AND status = 'pending'
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING task_id
+    RETURNING tasks.*, (SELECT count(*) FROM steps AS s WHERE s.task_id = tasks.task_id) AS steps
 ), recorded AS (
     -- the events of both, leases first, in the order leased
     INSERT INTO events (task_id, step_id, kind, from_status, to_status, attempt, data, created_at)
@@ -157,8 +157,10 @@ WITH RECURSIVE owners(p) AS ({owners}), fair AS ({fair}),{guard} picked AS MATER
     ORDER BY e.part, e.n
 )
 -- One row at least: the leased steps (none: every column of the step NULL), each saying whether
--- its task has just started, and when the next deferred step of these connectors is due.
-SELECT leased.*, picked.queued_at, started.task_id IS NOT NULL AS task_started, due.next_due{fresh}
+-- its task has just started (and, for a task of one step, the task as it left it), and when the
+-- next deferred step of these connectors is due.
+SELECT leased.*, picked.queued_at, started.task_id IS NOT NULL AS task_started,
+    CASE WHEN started.steps = 1 THEN to_jsonb(started) END AS started_task, due.next_due{fresh}
 FROM (
     SELECT min(not_before) AS next_due FROM steps
     WHERE status = 'ready' AND connector = ANY(%(connectors)s::text[]) AND not_before > %(now)s
@@ -237,6 +239,7 @@ class Claimed:
     started: list[str]
     next_due: datetime | None
     fresh: bool = True
+    alone: dict[str, TaskRow] = field(default_factory=dict)  # started tasks of one step
 
 
 async def _claim_ready_postgres(
@@ -253,15 +256,28 @@ async def _claim_ready_postgres(
     found = [hot.utc(row) for row in await cur.fetchall()]
     next_due: datetime | None = found[0]["next_due"] if found else None
     fresh = bool(found[0].get("fresh", True)) if found else True
-    leased, started = [], set()
+    leased, started, alone = [], set(), {}
     for row in found:
         if row.pop("task_started"):
             started.add(row["task_id"])
+        if (task := row.pop("started_task")) is not None:
+            alone[task["task_id"]] = _task_from_json(task)
         del row["next_due"]
         row.pop("fresh", None)
         if row["id"] is not None:
             leased.append(row)
-    return Claimed(leased, sorted(started), next_due, fresh)
+    return Claimed(leased, sorted(started), next_due, fresh, alone)
+
+
+# A task row's timestamps, which `to_jsonb` gives as ISO 8601 text.
+_TASK_TIMES = ("created_at", "updated_at", "finished_at", "deadline")
+
+
+def _task_from_json(row: dict[str, Any]) -> TaskRow:
+    for name in _TASK_TIMES:
+        if (value := row.get(name)) is not None:
+            row[name] = datetime.fromisoformat(value).astimezone(UTC)
+    return TaskRow.from_mapping(row)
 
 
 def _fair_params(
@@ -347,9 +363,10 @@ class AssumptionFailed(Exception):
 
 async def claim_ready(
     conn: AsyncConnection, claim: ClaimInput, *, last: bool = False, assumed: Assumed | None = None
-) -> tuple[list[StepRow], datetime | None]:
+) -> tuple[list[StepRow], datetime | None, dict[str, TaskRow]]:
     """Lease up to `limit` due ready steps to an executor, in fair order, and start their tasks
-    (`pending` → `running`); also says when the next deferred step of these connectors is due.
+    (`pending` → `running`); also says when the next deferred step of these connectors is due,
+    and (Postgres) gives the tasks of one step it started, as it left them (services/held.py).
 
     The fast path, for connectors whose tools have no concurrency cap, breaker or rate limit:
     one statement on Postgres (`CLAIM_READY`, its events included). If it is the `last`
@@ -373,13 +390,13 @@ async def claim_ready(
             raise AssumptionFailed
         leased = [StepRow.from_mapping(r) for r in got.leased]
         events_written(conn, [*(s.task_id for s in leased), *got.started])
-        return leased, got.next_due
+        return leased, got.next_due, got.alone
     if assumed is not None:
         raise ValueError("a claim under assumptions is a Postgres statement")
     leased = await _claim_ready_sqlite(conn, claim)
     if leased:
         await mark_tasks_running(conn, {s.task_id for s in leased}, now=claim.now)
-    return leased, await next_due(conn, claim.connectors, now=claim.now)
+    return leased, await next_due(conn, claim.connectors, now=claim.now), {}
 
 
 async def _claim_ready_sqlite(conn: AsyncConnection, claim: ClaimInput) -> list[StepRow]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ from agent_reach_controller.storage.tasks import TASKS_BY_ID, load_tasks
 
 # What an advance of some tasks reads, read right after their steps last changed.
 _READ_AHEAD = f"{TX_STATE_PREFIX}read_ahead"
-# Changes to write with the commit (`change_steps_at_commit`): [(groups, now)].
+# Changes to write with the commit (`change_steps_at_commit`): [(groups, now, refusal)].
 _AT_COMMIT = f"{TX_STATE_PREFIX}changes_at_commit"
 
 # One statement's changes: (the columns set besides the status, as (name, SQL type)), the rows
@@ -112,10 +112,12 @@ async def _change_steps_postgres(
 
     Changes waiting for the commit (`change_steps_at_commit`) go first, in the same round trip:
     a step they did not move raises `StepMovedError`."""
-    waiting: list[tuple[Sequence[_Group], Any]] = conn.info.pop(_AT_COMMIT, [])
-    many = len(groups) + sum(len(g) for g, _ in waiting) > 1
+    waiting: list[tuple[Sequence[_Group], Any, Any]] = conn.info.pop(_AT_COMMIT, [])
+    many = len(groups) + sum(len(g) for g, _, _ in waiting) > 1
     async with round_trip(conn, pipeline=many or bool(advance_of)) as pg:
-        certain = [await _send(pg, group, when) for earlier, when in waiting for group in earlier]
+        certain = [
+            await _send(pg, group, when) for earlier, when, _ in waiting for group in earlier
+        ]
         sent = [await _send(pg, group, now) for group in groups]
         ahead = await _send_advance_reads(pg, advance_of) if advance_of else None
     for cur, expected in certain:
@@ -467,7 +469,11 @@ def _groups(changes: Sequence[StepChange]) -> list[_Group]:
 
 
 async def change_steps_at_commit(
-    conn: AsyncConnection, changes: Sequence[StepChange], *, now: datetime
+    conn: AsyncConnection,
+    changes: Sequence[StepChange],
+    *,
+    now: datetime,
+    moved: Callable[[], Exception] = StepMovedError,
 ) -> set[int]:
     """Apply transitions none of which can lose, with their events; returns their steps' keys.
 
@@ -475,7 +481,7 @@ async def change_steps_at_commit(
     not changed since: every transition of a step that is not `ready` holds that lock (a lease
     takes only ready steps). On Postgres they are then written with the commit, in its
     statement and as its guard, at no round trip of their own; if a step did move after all,
-    nothing of the transaction is written and committing raises `StepMovedError`. A change of
+    nothing of the transaction is written and committing raises `moved()`. A change of
     steps in the same transaction sends them first (`change_steps`), as does
     `send_changes_at_commit` before a read that must see them.
     """
@@ -484,11 +490,13 @@ async def change_steps_at_commit(
     for change in changes:
         apply(change.step.status, change.transition)  # raises IllegalTransitionError
     conn.info.pop(_READ_AHEAD, None)
-    waiting: list[tuple[Sequence[_Group], datetime]] | None = conn.info.get(_AT_COMMIT)
+    waiting: list[tuple[Sequence[_Group], datetime, Callable[[], Exception]]] | None = (
+        conn.info.get(_AT_COMMIT)
+    )
     if waiting is None:
         waiting = conn.info[_AT_COMMIT] = []
         before_commit(conn, _write_at_commit)
-    waiting.append((_groups(changes), now))
+    waiting.append((_groups(changes), now, moved))
     await append_events(
         conn,
         [
@@ -508,13 +516,13 @@ async def send_changes_at_commit(conn: AsyncConnection) -> None:
 
 async def _write_at_commit(conn: AsyncConnection) -> None:
     statement = commit_statement(conn)
-    for groups, now in conn.info.pop(_AT_COMMIT, []):
+    for groups, now, moved in conn.info.pop(_AT_COMMIT, []):
         for fields, rows, count in groups:
             statement.expect(
                 change_steps_at_commit_sql(fields),
                 {"rows": rows, "now": now, "expected": count},
                 holds="count(*) = coalesce(max(expected), -1)",
-                refusal=StepMovedError,
+                refusal=moved,
             )
 
 
