@@ -32,8 +32,9 @@ class HeldRowsChanged(Exception):
     nothing was written (the report is decided again on rows read under the lock)."""
 
 
-# Leases remembered at most: a few seconds' worth at thousands of leases a second.
-CAPACITY = 8192
+# Leases kept at most. An entry of a small task is ~1.8 KB; entries linger only when reports go
+# to another replica or never come, so this bounds what they can hold (~4 MB for small tasks).
+CAPACITY = 2048
 
 
 class HeldLeases:
