@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,8 +24,8 @@ from agent_reach_controller.runtime import Components
 from agent_reach_controller.services.held import HeldLeases, HeldRowsChanged
 from agent_reach_controller.storage import claims, hot, locks
 from agent_reach_controller.storage.engine import Database, nothing_before_commit
-from tests.integration.stack import api_client, components_for, write_tools
-from tests.integration.test_commits import _next_xid, executor_plane
+from tests.integration import test_hand_off
+from tests.integration.test_commits import _next_xid
 from tests.integration.test_hand_off import (
     PLAN,
     _events,
@@ -38,22 +36,15 @@ from tests.integration.test_hand_off import (
     _waiting,
 )
 
+# The fixture: a controller on Postgres, its REST client and a gRPC stub.
+plane = test_hand_off.plane
+
 TWO_STEPS = {
     "steps": [
         {"step_id": "a", "tool": "echo.say", "args": {}},
         {"step_id": "b", "tool": "echo.say", "args": {}},
     ]
 }
-
-
-@pytest.fixture
-async def plane(postgres_url: str, tmp_path: Path) -> AsyncIterator[tuple[Components, Any, Any]]:
-    async with (
-        components_for(postgres_url, write_tools(tmp_path)) as c,
-        api_client(c) as http,
-        executor_plane(c) as stub,
-    ):
-        yield c, http, stub
 
 
 async def _handed(c: Components, http: Any, stub: Any) -> tuple[Any, Any, str]:
