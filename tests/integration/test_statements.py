@@ -16,15 +16,15 @@ Baseline (issue 33): 6 statements and 1 COMMIT per task, in 3 transactions (as m
           has not changed since the claim, one statement of the step's update and the session's
           heartbeat (both guards of the commit), the events, the task's status and wake-ups,
           and COMMIT
-(Before the report decided on the claim's rows it read them under the lock: the task locked and
-its steps read in a round trip of their own, 7 statements a task. Issue 29 left 11: the report's
-heartbeat was a statement of its own, and its advance read the blocked steps and counted the
-steps by status; issue 33 left 8 before the step's update went in the commit statement. The ~14 statements and ~1.5 commits issue 33 started from were measured
-under `cpu.py`'s load, with heartbeats, empty polls and the credential caches' reloads among the
-tasks.) The bounds sit a little above the baseline, so one statement, COMMIT or
-transaction more per task fails; lower them as work removes some. (Unlike `test_commits.py`'s
-transaction ids, which the server shares with every other database on it, these counts see this
-controller's connections only.)
+(Before the report decided on the claim's rows it read them under the lock: the task locked and its
+steps read in a round trip of their own, 7 statements a task. Issue 29 left 11: the report's
+heartbeat was a statement of its own, and its advance read the blocked steps and counted the steps
+by status; issue 33 left 8 before the step's update went in the commit statement. The ~14
+statements and ~1.5 commits issue 33 started from were measured under `cpu.py`'s load, with
+heartbeats, empty polls and the credential caches' reloads among the tasks.) The bounds sit a
+little above the baseline, so one statement, COMMIT or transaction more per task fails; lower them
+as work removes some. (Unlike `test_commits.py`'s transaction ids, which the server shares with
+every other database on it, these counts see this controller's connections only.)
 
 The credential caches (API keys, pool tokens, sessions) reload a credential at most every 2 s:
 their reads come with time, not with tasks, so they are counted apart and left out of the bounds.
