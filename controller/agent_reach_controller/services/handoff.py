@@ -204,7 +204,8 @@ class HandOff:
 
         before_commit(conn, functools.partial(_expect_taken, taken=taken, now=now))
 
-        alone = self._held is not None and sum(1 for _ in new.rows()) == 1
+        # The rows of a one-step task's lease are kept for its report (services/held.py).
+        held = self._held if sum(1 for _ in new.rows()) == 1 else None
 
         async def deliver() -> None:
             for step, waiter in taken:
@@ -212,8 +213,8 @@ class HandOff:
                 if waiter.open:
                     leased = new.step_row(step.id, queued_at=now)
                     waiter.offered.append(leased)
-                    if alone and self._held is not None:
-                        self._held.remember(new.task_row(), leased)
+                    if held is not None:
+                        held.remember(new.task_row(), leased)
             self.handed += len(taken)
             await self._notifier.nudge()
 

@@ -111,18 +111,20 @@ async def _change_steps_postgres(
     the changes are made: the advanceable steps and the status counts, read in the same trip).
 
     Changes waiting for the commit (`change_steps_at_commit`) go first, in the same round trip:
-    a step they did not move raises `StepMovedError`."""
+    a step they did not move raises their refusal (`StepMovedError` unless they named another)."""
     waiting: list[tuple[Sequence[_Group], Any, Any]] = conn.info.pop(_AT_COMMIT, [])
     many = len(groups) + sum(len(g) for g, _, _ in waiting) > 1
     async with round_trip(conn, pipeline=many or bool(advance_of)) as pg:
         certain = [
-            await _send(pg, group, when) for earlier, when, _ in waiting for group in earlier
+            (*await _send(pg, group, when), moved)
+            for earlier, when, moved in waiting
+            for group in earlier
         ]
         sent = [await _send(pg, group, now) for group in groups]
         ahead = await _send_advance_reads(pg, advance_of) if advance_of else None
-    for cur, expected in certain:
+    for cur, expected, moved in certain:
         if len(await cur.fetchall()) != expected:
-            raise StepMovedError
+            raise moved()
     moved = {key: attempt for cur, _ in sent for key, attempt in await cur.fetchall()}
     return moved, (await _advance_rows(*ahead) if ahead else None)
 
