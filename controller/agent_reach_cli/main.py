@@ -100,10 +100,10 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stream",
-        action="store_const",
-        const=True,
-        help="polls, heartbeats and reports as messages on a stream per poller, not a call each "
-        "(AGENT_REACH_EXECUTOR_STREAM=true)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="heartbeats, and polls and reports of a step or two, as messages on a stream per "
+        "poller (the default); --no-stream: a unary call each (AGENT_REACH_EXECUTOR_STREAM)",
     )
     p.add_argument(
         "--metrics",

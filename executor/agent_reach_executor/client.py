@@ -28,6 +28,14 @@ from agent_reach_executor.exchange import (
 # The largest message either side accepts (the controller's server uses the same limit).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+# With the stream on, a poll or a report goes on it when it carries at most this many steps (a
+# poll: when the latest poll brought back no more). A message costs both sides about half a unary
+# call, most of what a call carrying one step costs. A busier call goes unary: its cost is shared
+# among its steps, and the stream's quicker answers would send the next poll and report sooner,
+# carrying less. At 8 submitters every call on the stream made 30 % more claims and 45 % more
+# reports, each a transaction (BENCHMARKS.md, issue 33 round nine).
+STREAM_UP_TO = 2
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseKey:
@@ -365,6 +373,7 @@ class ControllerClient:
         # With `stream`, polls, heartbeats and reports go as messages on `streams` streams
         # (exchange.py), until a controller says it has none.
         self._stream = StreamCalls(self._stub, self._metadata, streams=streams) if stream else None
+        self._last_poll = 0  # steps the latest poll brought back (any poller's)
 
     @property
     def streaming(self) -> bool:
@@ -421,7 +430,10 @@ class ControllerClient:
             session=self.session,
             poll_seq=poll_seq,
         )
-        reply: pb.PollStepsResponse = await self._call("PollSteps", request, deadline_s)
+        reply: pb.PollStepsResponse = await self._call(
+            "PollSteps", request, deadline_s, few=self._last_poll <= STREAM_UP_TO
+        )
+        self._last_poll = len(reply.steps)
         return [assignment_from_proto(step) for step in reply.steps]
 
     async def heartbeat(
@@ -446,12 +458,16 @@ class ControllerClient:
             results=[result_to_proto(r) for r in results],
             session=self.session,
         )
-        reply: pb.ReportResultsResponse = await self._call("ReportResults", request, deadline_s)
+        reply: pb.ReportResultsResponse = await self._call(
+            "ReportResults", request, deadline_s, few=len(results) <= STREAM_UP_TO
+        )
         return [ack_from_proto(ack) for ack in reply.acks]
 
-    async def _call(self, method: str, request: Any, deadline_s: float) -> Any:
+    async def _call(self, method: str, request: Any, deadline_s: float, *, few: bool = True) -> Any:
+        """The reply to one call: on the stream if there is one and the call carries `few`
+        steps (`STREAM_UP_TO`), else unary."""
         stream = self._stream
-        if stream is not None and method in FIELDS:
+        if stream is not None and few and method in FIELDS:
             try:
                 return await stream.call(method, request, deadline_s)
             except CallFailed as failed:

@@ -55,10 +55,11 @@ class ExecutorSettings(BaseSettings):
         "travels back, another poll waits, ready to be handed the next step.",
     )
     stream: bool = Field(
-        default=False,
-        description="Send polls, heartbeats and reports as messages on Exchange streams, one per "
-        "poller: cheaper per call, but faster answers make smaller batches, so it pays only "
-        "when calls carry a step or two (BENCHMARKS.md); false: unary calls.",
+        default=True,
+        description="Send heartbeats, and polls and reports that carry a step or two, as "
+        "messages on Exchange streams, one per poller (cheaper per call; a call carrying many "
+        "steps stays unary, where faster answers would make smaller batches: BENCHMARKS.md); "
+        "false: unary calls only.",
     )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."

@@ -54,6 +54,8 @@ class FakeController:
     stream: bool = True
     exchanges: int = 0  # Exchange streams opened
     unary_calls: int = 0  # PollSteps, Heartbeat and ReportResults as unary calls
+    # Each poll, heartbeat and report: (call, "unary" or "stream", steps answered or reported).
+    carried: list[tuple[str, str, int]] = field(default_factory=list)
     _server: Any = None
     _next_key: int = 1
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -183,14 +185,18 @@ class _Servicer(pb_grpc.ExecutorServiceServicer):
 
     async def PollSteps(self, request, context):
         self._fake.unary_calls += 1
-        return await self._fake.poll(request)
+        reply = await self._fake.poll(request)
+        self._fake.carried.append(("poll", "unary", len(reply.steps)))
+        return reply
 
     async def Heartbeat(self, request, context):
         self._fake.unary_calls += 1
+        self._fake.carried.append(("heartbeat", "unary", len(request.leases)))
         return self._fake.heartbeat(request)
 
     async def ReportResults(self, request, context):
         self._fake.unary_calls += 1
+        self._fake.carried.append(("report", "unary", len(request.results)))
         return self._fake.report(request)
 
     async def Exchange(self, requests, context):
@@ -202,10 +208,14 @@ class _Servicer(pb_grpc.ExecutorServiceServicer):
     async def _answer(self, message: pb.ExecutorMessage, _context: Any) -> pb.ControllerMessage:
         kind = message.WhichOneof("call")
         if kind == "poll":
-            return pb.ControllerMessage(id=message.id, poll=await self._fake.poll(message.poll))
+            polled = await self._fake.poll(message.poll)
+            self._fake.carried.append(("poll", "stream", len(polled.steps)))
+            return pb.ControllerMessage(id=message.id, poll=polled)
         if kind == "heartbeat":
+            self._fake.carried.append(("heartbeat", "stream", len(message.heartbeat.leases)))
             reply = self._fake.heartbeat(message.heartbeat)
             return pb.ControllerMessage(id=message.id, heartbeat=reply)
+        self._fake.carried.append(("report", "stream", len(message.report.results)))
         return pb.ControllerMessage(id=message.id, report=self._fake.report(message.report))
 
 

@@ -9,7 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent_reach_executor.client import ControllerClient, ControllerError, LeaseKey, StepResult
+from agent_reach_executor.client import (
+    STREAM_UP_TO,
+    ControllerClient,
+    ControllerError,
+    LeaseKey,
+    StepResult,
+)
 from tests.executor.fake_controller import FakeController, FnConnector, Probe
 from tests.executor.test_worker import running_worker, wait_until
 
@@ -56,6 +62,36 @@ async def test_polls_heartbeats_and_reports_travel_on_one_stream(fake: FakeContr
         await _one_of_each(client, fake)
         assert client.streaming
     assert (fake.exchanges, fake.unary_calls) == (1, 0)
+
+
+async def test_a_poll_or_report_that_carries_many_steps_goes_unary(fake: FakeController) -> None:
+    """The stream carries calls of a step or two (STREAM_UP_TO), where its lower cost per call
+    counts; a poll after one that brought back more, and a report of more, go as unary calls
+    (their cost is shared, and a slower answer lets the next one carry more)."""
+    many = STREAM_UP_TO + 1
+    keys = [fake.enqueue(connector="echo") for _ in range(many + 1)]
+    async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
+        await client.register(["echo"], slots=8, version="0", deadline_s=2)
+        first = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
+        after_many = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
+        after_one = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
+        assert (len(first), len(after_many), len(after_one)) == (many, 1, 0)
+        results = [
+            StepResult(lease=step.lease, output_json=b"{}", started_at_ms=1, finished_at_ms=2)
+            for step in first + after_many
+        ]
+        await client.report_results(results[:many], deadline_s=2)
+        await client.report_results(results[many:], deadline_s=2)
+        await client.heartbeat([], deadline_s=2)
+    assert sorted(fake.results) == sorted(keys)
+    assert fake.carried == [
+        ("poll", "stream", many),  # nothing brought back yet
+        ("poll", "unary", 1),  # after `many`
+        ("poll", "stream", 0),  # after one
+        ("report", "unary", many),
+        ("report", "stream", 1),
+        ("heartbeat", "stream", 0),
+    ]
 
 
 async def test_unary_calls_unless_asked_for_the_stream(fake: FakeController) -> None:
@@ -163,4 +199,10 @@ async def test_a_worker_on_streams_runs_and_reports_its_steps(fake: FakeControll
         probe.release.set()
         await wait_until(lambda: len(fake.results) == len(keys))
     assert sorted(fake.results) == sorted(keys)
-    assert (fake.exchanges, fake.unary_calls) == (2, 0)  # one stream per poller, nothing else
+    assert fake.exchanges == 2  # one stream per poller
+    # Unary calls only for reports of more than a step or two (polls of this many steps go
+    # unary after one that brought back more: pollers share what the last one saw).
+    reports = [(how, n) for call, how, n in fake.carried if call == "report"]
+    assert all(n > STREAM_UP_TO for how, n in reports if how == "unary")
+    assert all(n <= STREAM_UP_TO for how, n in reports if how == "stream")
+    assert any(how == "stream" for call, how, _ in fake.carried if call == "heartbeat")

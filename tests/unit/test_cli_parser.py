@@ -28,3 +28,15 @@ def test_list_flags_before_the_list_subcommand_are_kept() -> None:
     assert (args.format, args.include_disabled) == ("openai", True)
     plain = build_parser().parse_args(["tools", "list"])
     assert (plain.format, plain.include_disabled) == ("native", False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "stream"),
+    [([], None), (["--stream"], True), (["--no-stream"], False)],
+)
+def test_the_executor_stream_flag_is_left_to_the_environment_unless_given(
+    flags: list[str], stream: bool | None
+) -> None:
+    """None leaves AGENT_REACH_EXECUTOR_STREAM (or the default, on) to decide."""
+    args = build_parser().parse_args(["executor", "--controller", "c:1", *flags])
+    assert args.stream is stream
