@@ -103,7 +103,7 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="heartbeats, and polls and reports of a step or two, as messages on a stream per "
-        "poller (the default); --no-stream: a unary call each (AGENT_REACH_EXECUTOR_STREAM)",
+        "poller; --no-stream (the default): a unary call each (AGENT_REACH_EXECUTOR_STREAM)",
     )
     p.add_argument(
         "--metrics",

@@ -410,9 +410,9 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.connectors == ["http", "python"]
     assert settings.poll_wait == 10.0
     assert settings.report_batch_max == 256
-    assert settings.stream  # a stream per poller unless told otherwise
-    monkeypatch.setenv("AGENT_REACH_EXECUTOR_STREAM", "false")
-    assert not ExecutorSettings().stream
+    assert not settings.stream  # unary calls unless asked for
+    monkeypatch.setenv("AGENT_REACH_EXECUTOR_STREAM", "true")
+    assert ExecutorSettings().stream
     assert settings.executor_id != ExecutorSettings().executor_id  # random suffix per instance
 
 

@@ -37,6 +37,6 @@ def test_list_flags_before_the_list_subcommand_are_kept() -> None:
 def test_the_executor_stream_flag_is_left_to_the_environment_unless_given(
     flags: list[str], stream: bool | None
 ) -> None:
-    """None leaves AGENT_REACH_EXECUTOR_STREAM (or the default, on) to decide."""
+    """None leaves AGENT_REACH_EXECUTOR_STREAM (or the default, off) to decide."""
     args = build_parser().parse_args(["executor", "--controller", "c:1", *flags])
     assert args.stream is stream
