@@ -32,8 +32,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # poll: when the latest poll brought back no more). A message costs both sides about half a unary
 # call, most of what a call carrying one step costs. A busier call goes unary: its cost is shared
 # among its steps, and the stream's quicker answers would send the next poll and report sooner,
-# carrying less. At 8 submitters every call on the stream made 30 % more claims and 45 % more
-# reports, each a transaction (BENCHMARKS.md, issue 33 round nine).
+# carrying less, each a transaction (counted in BENCHMARKS.md, issue 33 round nine).
 STREAM_UP_TO = 2
 
 
@@ -370,8 +369,8 @@ class ControllerClient:
             else grpc.aio.insecure_channel(channel_to, options=options)
         )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        # With `stream`, polls, heartbeats and reports go as messages on `streams` streams
-        # (exchange.py), until a controller says it has none.
+        # With `stream`, heartbeats, and polls and reports of a step or two (STREAM_UP_TO), go as
+        # messages on `streams` streams (exchange.py), until a controller says it has none.
         self._stream = StreamCalls(self._stub, self._metadata, streams=streams) if stream else None
         self._last_poll = 0  # steps the latest poll brought back (any poller's)
 

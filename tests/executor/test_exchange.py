@@ -203,6 +203,7 @@ async def test_a_worker_on_streams_runs_and_reports_its_steps(fake: FakeControll
     # Unary calls only for reports of more than a step or two (polls of this many steps go
     # unary after one that brought back more: pollers share what the last one saw).
     reports = [(how, n) for call, how, n in fake.carried if call == "report"]
+    assert reports
     assert all(n > STREAM_UP_TO for how, n in reports if how == "unary")
     assert all(n <= STREAM_UP_TO for how, n in reports if how == "stream")
     assert any(how == "stream" for call, how, _ in fake.carried if call == "heartbeat")
