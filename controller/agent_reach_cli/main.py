@@ -102,8 +102,9 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
         "--stream",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="heartbeats, and polls and reports of a step or two, as messages on a stream per "
-        "poller; --no-stream (the default): a unary call each (AGENT_REACH_EXECUTOR_STREAM)",
+        help="heartbeats, and polls and reports while it holds a step or two, as messages on a "
+        "stream per poller; --no-stream (the default): a unary call each "
+        "(AGENT_REACH_EXECUTOR_STREAM)",
     )
     p.add_argument(
         "--metrics",

@@ -6,6 +6,7 @@ import ipaddress
 import json
 import random
 import socket
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Self
 
 import grpc
 
+from agent_reach import metrics as m
 from agent_reach.addresses import split_address
 from agent_reach.v1 import executor_pb2 as pb
 from agent_reach.v1 import executor_pb2_grpc as pb_grpc
@@ -28,11 +30,13 @@ from agent_reach_executor.exchange import (
 # The largest message either side accepts (the controller's server uses the same limit).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-# With the stream on, a poll or a report goes on it when it carries at most this many steps (a
-# poll: when the latest poll brought back no more). A message costs both sides about half a unary
-# call, most of what a call carrying one step costs. A busier call goes unary: its cost is shared
-# among its steps, and the stream's quicker answers would send the next poll and report sooner,
-# carrying less, each a transaction (counted in BENCHMARKS.md, issue 33 round nine).
+# With the stream on, a call goes on it while the executor holds at most this many steps (leased
+# and not yet acknowledged): one submitter's pace. A message costs both sides about half a unary
+# call, most of what a call carrying one step costs. A busier executor calls unary: its calls'
+# cost is shared among their steps, and the stream's quicker answers would send the next poll and
+# report sooner, carrying less, each a transaction (counted in BENCHMARKS.md, issue 33 rounds nine
+# and ten). The call's own size is the wrong signal: in plans, a poll that brings back a step or
+# two is followed by another that does the same.
 STREAM_UP_TO = 2
 
 
@@ -369,10 +373,11 @@ class ControllerClient:
             else grpc.aio.insecure_channel(channel_to, options=options)
         )
         self._stub = pb_grpc.ExecutorServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        # With `stream`, heartbeats, and polls and reports of a step or two (STREAM_UP_TO), go as
-        # messages on `streams` streams (exchange.py), until a controller says it has none.
+        # With `stream`, heartbeats, and polls and reports while few steps are held (STREAM_UP_TO),
+        # go as messages on `streams` streams (exchange.py), until a controller says it has none.
         self._stream = StreamCalls(self._stub, self._metadata, streams=streams) if stream else None
-        self._last_poll = 0  # steps the latest poll brought back (any poller's)
+        # Calls made, by (method, "unary" or "stream"): the executor's metrics read it.
+        self.calls: Counter[tuple[str, str]] = Counter()
 
     @property
     def streaming(self) -> bool:
@@ -420,7 +425,9 @@ class ControllerClient:
         wait_s: float,
         deadline_s: float,
         poll_seq: int = 0,
+        held: int = 0,
     ) -> list[Assignment]:
+        """`held`: steps the executor holds as it asks (it decides the transport)."""
         request = pb.PollStepsRequest(
             executor_id=self.executor_id,
             connectors=connectors,
@@ -430,9 +437,8 @@ class ControllerClient:
             poll_seq=poll_seq,
         )
         reply: pb.PollStepsResponse = await self._call(
-            "PollSteps", request, deadline_s, few=self._last_poll <= STREAM_UP_TO
+            "PollSteps", request, deadline_s, few=held <= STREAM_UP_TO
         )
-        self._last_poll = len(reply.steps)
         return [assignment_from_proto(step) for step in reply.steps]
 
     async def heartbeat(
@@ -450,23 +456,25 @@ class ControllerClient:
         return heartbeat_from_proto(reply)
 
     async def report_results(
-        self, results: Sequence[StepResult], *, deadline_s: float
+        self, results: Sequence[StepResult], *, deadline_s: float, held: int = 0
     ) -> list[ResultAck]:
+        """`held`: steps the executor holds, these included (it decides the transport)."""
         request = pb.ReportResultsRequest(
             executor_id=self.executor_id,
             results=[result_to_proto(r) for r in results],
             session=self.session,
         )
         reply: pb.ReportResultsResponse = await self._call(
-            "ReportResults", request, deadline_s, few=len(results) <= STREAM_UP_TO
+            "ReportResults", request, deadline_s, few=held <= STREAM_UP_TO
         )
         return [ack_from_proto(ack) for ack in reply.acks]
 
     async def _call(self, method: str, request: Any, deadline_s: float, *, few: bool = True) -> Any:
-        """The reply to one call: on the stream if there is one and the call carries `few`
+        """The reply to one call: on the stream if there is one and the executor holds `few`
         steps (`STREAM_UP_TO`), else unary."""
         stream = self._stream
         if stream is not None and few and method in FIELDS:
+            self.calls[method, m.STREAM] += 1
             try:
                 return await stream.call(method, request, deadline_s)
             except CallFailed as failed:
@@ -480,6 +488,7 @@ class ControllerClient:
                 if self._stream is stream:  # an older controller: unary calls from now on
                     self._stream = None
                     await stream.close()
+        self.calls[method, m.UNARY] += 1
         try:
             return await getattr(self._stub, method)(
                 request, timeout=deadline_s, metadata=self._metadata

@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import make_wsgi_app
+from prometheus_client.registry import Collector
 
 from agent_reach import metrics as m
 from agent_reach.addresses import split_address
@@ -27,10 +29,13 @@ from agent_reach_executor.probes import ReadinessState, with_readyz
 class ExecutorMetrics:
     """Slots, calls and reports of one worker, in its own registry."""
 
-    def __init__(self, *, slots: int) -> None:
+    def __init__(self, *, slots: int, calls: Mapping[tuple[str, str], int] | None = None) -> None:
+        """`calls`: the client's count of its calls by (method, transport), read at each scrape."""
         self.registry = CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)
+        if calls is not None:
+            r.register(_CallsCollector(calls))
         self._slots = Gauge(
             m.EXECUTOR_SLOTS, "Step slots of this executor, busy or free.", [m.STATE], registry=r
         )
@@ -64,6 +69,23 @@ class ExecutorMetrics:
 
     def reported(self, *, accepted: bool) -> None:
         self._results.labels(m.ACCEPTED if accepted else m.REJECTED).inc()
+
+
+class _CallsCollector(Collector):
+    """The client's own count of calls, exposed as a counter (counted there at no lock's cost)."""
+
+    def __init__(self, calls: Mapping[tuple[str, str], int]) -> None:
+        self._calls = calls
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            m.EXECUTOR_CONTROLLER_CALLS,
+            "Calls to the controller, by method and transport (unary, or the Exchange stream).",
+            labels=[m.METHOD, m.TRANSPORT],
+        )
+        for (method, transport), count in sorted(dict(self._calls).items()):
+            family.add_metric([method, transport], count)
+        yield family
 
 
 class _Listener(ThreadingMixIn, WSGIServer):

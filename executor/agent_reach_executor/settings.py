@@ -56,11 +56,11 @@ class ExecutorSettings(BaseSettings):
     )
     stream: bool = Field(
         default=False,
-        description="Send heartbeats, and polls and reports that carry a step or two, as "
-        "messages on Exchange streams, one per poller (cheaper per call; a call carrying many "
-        "steps stays unary, where faster answers would make smaller batches). Off by default "
-        "until the choice is made on the executor's load: in plans, polls of a step or two "
-        "still make more polls (BENCHMARKS.md, issue 33 round nine); false: unary calls only.",
+        description="Send heartbeats, and polls and reports while this executor holds a step "
+        "or two, as messages on Exchange streams, one per poller (cheaper per call; a busier "
+        "executor calls unary, where faster answers would make smaller batches). Off by "
+        "default: on two cores it gained nothing at one submitter and cost at eight "
+        "(BENCHMARKS.md, issue 33 round ten); false: unary calls only.",
     )
     drain_grace: float = Field(
         default=30.0, ge=0, description="Seconds in-flight steps get to finish on shutdown."

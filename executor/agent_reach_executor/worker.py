@@ -147,7 +147,7 @@ class Worker:
         self._registering = asyncio.Lock()
         # Set when the controller ended our session: the poll loop registers again.
         self._session_ended = asyncio.Event()
-        self.metrics = ExecutorMetrics(slots=settings.slots)
+        self.metrics = ExecutorMetrics(slots=settings.slots, calls=client.calls)
         # What /readyz answers: registered, answered, not draining.
         self.readiness = ReadinessState()
 
@@ -270,6 +270,7 @@ class Worker:
                 wait_s=wait_s,
                 deadline_s=wait_s + _POLL_MARGIN_S,
                 poll_seq=seq,
+                held=len(self._held),
             )
             self._open_polls.add(seq)
             self._asked += ask
@@ -470,7 +471,7 @@ class Worker:
                 continue
             try:
                 acks = await self._client.report_results(
-                    batch, deadline_s=self._settings.rpc_timeout
+                    batch, deadline_s=self._settings.rpc_timeout, held=len(self._held)
                 )
             except ControllerError as exc:
                 if exc.session_ended:
@@ -575,8 +576,13 @@ class Worker:
                 flush_s,
                 extra={"event": "results_undelivered", "count": len(self._pending)},
             )
+        calls = ", ".join(
+            f"{method} {transport} {count}"
+            for (method, transport), count in sorted(self._client.calls.items())
+        )
         log.info(
-            "drain finished: %d started, %d finished, %d accepted, %d rejected",
+            "drain finished: %d started, %d finished, %d accepted, %d rejected; calls: %s",
             *(self._counts[k] for k in ("started", "finished", "accepted", "rejected")),
+            calls or "none",
             extra={"event": "drain_finished"},
         )

@@ -56,6 +56,8 @@ TOKEN_KINDS: Final = ("input", "output", "cached")
 EXECUTOR_SLOTS: Final = "agent_reach_executor_slots"  # gauge {state}
 EXECUTOR_CALL_DURATION: Final = "agent_reach_executor_call_duration_seconds"  # {tool, outcome}
 EXECUTOR_RESULTS: Final = "agent_reach_executor_results"  # counter {result}
+# Calls to the controller (Register, PollSteps, Heartbeat, ReportResults), by transport.
+EXECUTOR_CONTROLLER_CALLS: Final = "agent_reach_executor_controller_calls"  # {method, transport}
 
 # Label names.
 TOOL: Final = "tool"
@@ -71,6 +73,8 @@ VERSION: Final = "version"
 MODEL: Final = "model"
 KIND: Final = "kind"
 STATUS: Final = "status"
+METHOD: Final = "method"
+TRANSPORT: Final = "transport"
 
 # The exemplar label every histogram observation carries: the task's W3C trace id.
 TRACE_ID: Final = "trace_id"
@@ -92,6 +96,9 @@ LEASE_PATHS: Final = (CLAIMED, HANDED_OFF)
 # `state` of an executor slot.
 BUSY: Final = "busy"
 FREE: Final = "free"
+# `transport` of an executor's call: a unary call, or a message on its Exchange stream.
+UNARY: Final = "unary"
+STREAM: Final = "stream"
 # `result` of a reported result.
 ACCEPTED: Final = "accepted"
 REJECTED: Final = "rejected"

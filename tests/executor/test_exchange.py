@@ -5,10 +5,12 @@ breaks, and the way back to unary calls for a controller that has no stream."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 
+from agent_reach import metrics as m
 from agent_reach_executor.client import (
     STREAM_UP_TO,
     ControllerClient,
@@ -16,8 +18,22 @@ from agent_reach_executor.client import (
     LeaseKey,
     StepResult,
 )
+from agent_reach_executor.worker import Worker
 from tests.executor.fake_controller import FakeController, FnConnector, Probe
 from tests.executor.test_worker import running_worker, wait_until
+
+_METHODS = {"poll": "PollSteps", "heartbeat": "Heartbeat", "report": "ReportResults"}
+
+
+def _calls_exposed(worker: Worker) -> Counter[tuple[str, str]]:
+    """The executor's calls to the controller as its /metrics would show them."""
+    calls: Counter[tuple[str, str]] = Counter()
+    for family in worker.metrics.registry.collect():
+        if family.name == m.EXECUTOR_CONTROLLER_CALLS:
+            for sample in family.samples:
+                labels = sample.labels
+                calls[labels[m.METHOD], labels[m.TRANSPORT]] += int(sample.value)
+    return calls
 
 
 @pytest.fixture
@@ -64,32 +80,40 @@ async def test_polls_heartbeats_and_reports_travel_on_one_stream(fake: FakeContr
     assert (fake.exchanges, fake.unary_calls) == (1, 0)
 
 
-async def test_a_poll_or_report_that_carries_many_steps_goes_unary(fake: FakeController) -> None:
-    """The stream carries calls of a step or two (STREAM_UP_TO), where its lower cost per call
-    counts; a poll after one that brought back more, and a report of more, go as unary calls
-    (their cost is shared, and a slower answer lets the next one carry more)."""
-    many = STREAM_UP_TO + 1
-    keys = [fake.enqueue(connector="echo") for _ in range(many + 1)]
+async def test_a_busy_executor_calls_unary(fake: FakeController) -> None:
+    """The stream carries calls while the executor holds a step or two (STREAM_UP_TO), where its
+    lower cost per call counts; while it holds more, polls and reports go as unary calls (their
+    cost is shared, and a slower answer lets the next one carry more). The call's own size does
+    not decide: a poll that may bring back many goes on the stream from an idle executor."""
+    busy = STREAM_UP_TO + 1
+    keys = [fake.enqueue(connector="echo") for _ in range(busy + 1)]
     async with ControllerClient(fake.target, executor_id="x", stream=True) as client:
         await client.register(["echo"], slots=8, version="0", deadline_s=2)
-        first = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
-        after_many = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
-        after_one = await client.poll_steps(["echo"], max_steps=many, wait_s=0.1, deadline_s=2)
-        assert (len(first), len(after_many), len(after_one)) == (many, 1, 0)
+        idle = await client.poll_steps(["echo"], max_steps=busy, wait_s=0.1, deadline_s=2)
+        holding = await client.poll_steps(
+            ["echo"], max_steps=busy, wait_s=0.1, deadline_s=2, held=len(idle)
+        )
         results = [
             StepResult(lease=step.lease, output_json=b"{}", started_at_ms=1, finished_at_ms=2)
-            for step in first + after_many
+            for step in idle + holding
         ]
-        await client.report_results(results[:many], deadline_s=2)
-        await client.report_results(results[many:], deadline_s=2)
+        await client.report_results(results[:1], deadline_s=2, held=busy + 1)
+        await client.report_results(results[1:], deadline_s=2, held=STREAM_UP_TO)
         await client.heartbeat([], deadline_s=2)
+        assert client.calls == {
+            ("Register", "unary"): 1,
+            ("PollSteps", "stream"): 1,
+            ("PollSteps", "unary"): 1,
+            ("ReportResults", "unary"): 1,
+            ("ReportResults", "stream"): 1,
+            ("Heartbeat", "stream"): 1,
+        }
     assert sorted(fake.results) == sorted(keys)
     assert fake.carried == [
-        ("poll", "stream", many),  # nothing brought back yet
-        ("poll", "unary", 1),  # after `many`
-        ("poll", "stream", 0),  # after one
-        ("report", "unary", many),
-        ("report", "stream", 1),
+        ("poll", "stream", busy),  # holding nothing: many steps may come back
+        ("poll", "unary", 1),  # holding `busy`
+        ("report", "unary", 1),  # one result, while holding more
+        ("report", "stream", busy),
         ("heartbeat", "stream", 0),
     ]
 
@@ -193,17 +217,23 @@ async def test_a_worker_on_streams_runs_and_reports_its_steps(fake: FakeControll
     keys = [fake.enqueue(connector="probe") for _ in range(12)]
     async with running_worker(
         fake, {"probe": FnConnector("probe", probe)}, slots=4, pollers=2, stream=True
-    ):
+    ) as running:
         await wait_until(lambda: probe.running == 4)
         await wait_until(lambda: any(beat.leases for beat in fake.heartbeats))  # leases kept
         probe.release.set()
         await wait_until(lambda: len(fake.results) == len(keys))
     assert sorted(fake.results) == sorted(keys)
     assert fake.exchanges == 2  # one stream per poller
-    # Unary calls only for reports of more than a step or two (polls of this many steps go
-    # unary after one that brought back more: pollers share what the last one saw).
+    # A report's results are among the steps held: more than a step or two go unary.
     reports = [(how, n) for call, how, n in fake.carried if call == "report"]
     assert reports
-    assert all(n > STREAM_UP_TO for how, n in reports if how == "unary")
-    assert all(n <= STREAM_UP_TO for how, n in reports if how == "stream")
+    assert all(how == "unary" for how, n in reports if n > STREAM_UP_TO)
+    # The worker's metrics count its calls by transport: every report the controller saw, and
+    # at least every poll and heartbeat (one still open at the stop is counted, never answered).
+    seen = Counter((_METHODS[call], how) for call, how, _ in fake.carried)
+    exposed = _calls_exposed(running.worker)
+    assert exposed["Register", "unary"] == 1
+    for key, count in seen.items():
+        assert exposed[key] == count if key[0] == "ReportResults" else exposed[key] >= count
+    assert sum(n for key, n in exposed.items() if key[0] == "ReportResults") == len(reports)
     assert any(how == "stream" for call, how, _ in fake.carried if call == "heartbeat")

@@ -422,12 +422,12 @@ async def test_reporter_survives_an_unexpected_error(
     real = ControllerClient.report_results
     calls = 0
 
-    async def flaky(self: ControllerClient, results: Any, *, deadline_s: float) -> Any:
+    async def flaky(self: ControllerClient, results: Any, *, deadline_s: float, held: int) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("not a ControllerError")
-        return await real(self, results, deadline_s=deadline_s)
+        return await real(self, results, deadline_s=deadline_s, held=held)
 
     monkeypatch.setattr(ControllerClient, "report_results", flaky)
     key = fake.enqueue(connector="echo", args={"x": 1})
